@@ -1,0 +1,124 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DescribeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ToolSpec(_message.Message):
+    __slots__ = ("name", "description", "input_schema_json")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    input_schema_json: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ...) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("plugin_id", "plugin_version", "tools", "protocol")
+    PLUGIN_ID_FIELD_NUMBER: _ClassVar[int]
+    PLUGIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    plugin_id: str
+    plugin_version: str
+    tools: _containers.RepeatedCompositeFieldContainer[ToolSpec]
+    protocol: str
+    def __init__(self, plugin_id: _Optional[str] = ..., plugin_version: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., protocol: _Optional[str] = ...) -> None: ...
+
+class InvokeToolRequest(_message.Message):
+    __slots__ = ("name", "args_json", "call_id", "timeout_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    args_json: str
+    call_id: str
+    timeout_ms: int
+    def __init__(self, name: _Optional[str] = ..., args_json: _Optional[str] = ..., call_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class InvokeToolResponse(_message.Message):
+    __slots__ = ("result", "error", "result_is_json")
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RESULT_IS_JSON_FIELD_NUMBER: _ClassVar[int]
+    result: str
+    error: ToolFailure
+    result_is_json: bool
+    def __init__(self, result: _Optional[str] = ..., error: _Optional[_Union[ToolFailure, _Mapping]] = ..., result_is_json: _Optional[bool] = ...) -> None: ...
+
+class ToolFailure(_message.Message):
+    __slots__ = ("kind", "message", "traceback")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[ToolFailure.Kind]
+        HANDLER_RAISED: _ClassVar[ToolFailure.Kind]
+        UNKNOWN_TOOL: _ClassVar[ToolFailure.Kind]
+        BAD_ARGUMENTS: _ClassVar[ToolFailure.Kind]
+        TIMED_OUT: _ClassVar[ToolFailure.Kind]
+        BAD_RESULT: _ClassVar[ToolFailure.Kind]
+    KIND_UNSPECIFIED: ToolFailure.Kind
+    HANDLER_RAISED: ToolFailure.Kind
+    UNKNOWN_TOOL: ToolFailure.Kind
+    BAD_ARGUMENTS: ToolFailure.Kind
+    TIMED_OUT: ToolFailure.Kind
+    BAD_RESULT: ToolFailure.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    kind: ToolFailure.Kind
+    message: str
+    traceback: str
+    def __init__(self, kind: _Optional[_Union[ToolFailure.Kind, str]] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
+
+class ShutdownRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class ShutdownResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HostMessage(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: HostRequest
+    def __init__(self, request: _Optional[_Union[HostRequest, _Mapping]] = ...) -> None: ...
+
+class HostRequest(_message.Message):
+    __slots__ = ("id", "method", "payload_json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    method: str
+    payload_json: str
+    def __init__(self, id: _Optional[int] = ..., method: _Optional[str] = ..., payload_json: _Optional[str] = ...) -> None: ...
+
+class SupervisorMessage(_message.Message):
+    __slots__ = ("reply",)
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    reply: SupervisorReply
+    def __init__(self, reply: _Optional[_Union[SupervisorReply, _Mapping]] = ...) -> None: ...
+
+class SupervisorReply(_message.Message):
+    __slots__ = ("id", "ok", "payload_json", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    ok: bool
+    payload_json: str
+    error: str
+    def __init__(self, id: _Optional[int] = ..., ok: _Optional[bool] = ..., payload_json: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...

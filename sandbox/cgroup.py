@@ -1,0 +1,229 @@
+"""Per-sandbox cgroups: the kernel limit that holds for root too.
+
+RLIMIT_NPROC does not bind root, and a killpg misses a grandchild that called
+setsid(); a cgroup catches both. This machine mounts cgroup v1 with writable `pids`
+and `memory` controllers; elsewhere it is v2. Both are supported:
+
+    v1: <mount>/<controller>/<our cgroup>/clawsup-<supervisor pid>/<sandbox id>
+    v2: <mount>/<our cgroup>/clawsup-<supervisor pid>/<sandbox id>
+
+When neither is writable, `CgroupRoot.create` returns None, the supervisor logs a
+warning once, and sandboxes fall back to rlimits alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+MOUNT = Path("/sys/fs/cgroup")
+KILL_ROUNDS = 50
+
+
+def _own_paths() -> dict[str, str]:
+    """controller name (or "" for v2) -> our cgroup path, from /proc/self/cgroup."""
+    out: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            out[""] = path
+        for c in controllers.split(","):
+            if c:
+                out[c] = path
+    return out
+
+
+def _writable_dir(p: Path) -> bool:
+    return p.is_dir() and os.access(p, os.W_OK)
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    """One sandbox's cgroup (one directory per v1 controller, one for v2)."""
+
+    version: int
+    dirs: tuple[Path, ...]
+
+    @property
+    def _memory_dir(self) -> Path | None:
+        for d in self.dirs:
+            if self.version == 2 or "memory" in d.parts:
+                return d
+        return None
+
+    def attach(self, pid: int) -> None:
+        for d in self.dirs:
+            (d / "cgroup.procs").write_text(str(pid))
+
+    def pids(self) -> list[int]:
+        out: set[int] = set()
+        for d in self.dirs:
+            with contextlib.suppress(FileNotFoundError):
+                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+        return sorted(out)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the cgroup, including any that fork meanwhile."""
+        if self.version == 2:
+            kill = self.dirs[0] / "cgroup.kill"
+            if kill.exists():
+                with contextlib.suppress(OSError):
+                    kill.write_text("1")
+                    return
+        # v1 has no cgroup.kill: kill what is there until nothing is. pids.max bounds
+        # how many a fork bomb can make between two rounds, so this converges.
+        for _ in range(KILL_ROUNDS):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def memory_limit_hit(self) -> bool:
+        d = self._memory_dir
+        if d is None:
+            return False
+        try:
+            if self.version == 2:
+                for line in (d / "memory.events").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and int(value) > 0:
+                        return True
+                return False
+            for line in (d / "memory.oom_control").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and int(value) > 0:
+                    return True
+            return False
+        except (OSError, ValueError):
+            return False
+
+    def pids_limit_hit(self) -> bool:
+        for d in self.dirs:
+            events = d / "pids.events"
+            with contextlib.suppress(OSError, ValueError):
+                for line in events.read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "max" and int(value) > 0:
+                        return True
+        return False
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+@dataclass(frozen=True)
+class CgroupRoot:
+    """The `clawsup-<pid>` parent(s) for this supervisor's sandboxes."""
+
+    version: int
+    bases: dict[str, Path]
+    """controller ("pids", "memory"; "" for v2) -> our parent directory."""
+
+    @classmethod
+    def create(cls) -> CgroupRoot | None:
+        try:
+            own = _own_paths()
+        except OSError:
+            return None
+        name = f"clawsup-{os.getpid()}"
+        v1 = {c: MOUNT / c / own[c].lstrip("/") for c in ("pids", "memory") if c in own}
+        if len(v1) == 2 and all(_writable_dir(p) for p in v1.values()):
+            bases = {c: p / name for c, p in v1.items()}
+            for p in bases.values():
+                p.mkdir(exist_ok=True)
+            root = cls(1, bases)
+            root.sweep_stale()
+            return root
+        if "" in own:
+            return cls._create_v2(own[""], name)
+        return None
+
+    @classmethod
+    def _create_v2(cls, own: str, name: str) -> CgroupRoot | None:
+        for mount in (MOUNT, MOUNT / "unified"):
+            parent = mount / own.lstrip("/")
+            controllers = parent / "cgroup.controllers"
+            if not controllers.exists():
+                continue
+            if not {"pids", "memory"} <= set(controllers.read_text().split()):
+                continue
+            base = parent / name
+            try:
+                base.mkdir(exist_ok=True)
+                (base / "cgroup.subtree_control").write_text("+pids +memory")
+            except OSError as e:
+                logger.debug("cgroup v2 at {} not usable: {}", base, e)
+                with contextlib.suppress(OSError):
+                    base.rmdir()
+                continue
+            root = cls(2, {"": base})
+            root.sweep_stale()
+            return root
+        return None
+
+    def child(self, sandbox_id: str, *, max_processes: int, memory_bytes: int) -> Cgroup:
+        dirs = []
+        for controller, base in self.bases.items():
+            d = base / sandbox_id
+            if d.exists():
+                Cgroup(self.version, (d,)).kill_all()
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            d.mkdir()
+            dirs.append(d)
+            if self.version == 2:
+                (d / "pids.max").write_text(str(max_processes))
+                (d / "memory.max").write_text(str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    (d / "memory.swap.max").write_text("0")
+            elif controller == "pids":
+                (d / "pids.max").write_text(str(max_processes))
+            elif controller == "memory":
+                (d / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    (d / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+        return Cgroup(self.version, tuple(dirs))
+
+    def sweep_stale(self) -> None:
+        """Kill and remove the cgroups of supervisors that died without cleaning up
+        (SIGKILL, power loss): their sandboxes' descendants end here at the latest."""
+        for base in self.bases.values():
+            for sibling in base.parent.glob("clawsup-*"):
+                try:
+                    pid = int(sibling.name.split("-", 1)[1])
+                except ValueError:
+                    continue
+                if pid == os.getpid() or _alive(pid):
+                    continue
+                for d in sibling.iterdir():
+                    if d.is_dir():
+                        Cgroup(self.version, (d,)).kill_all()
+                        with contextlib.suppress(OSError):
+                            d.rmdir()
+                with contextlib.suppress(OSError):
+                    sibling.rmdir()
+                logger.info("removed stale cgroup {} of a supervisor that is gone", sibling)
+
+    def remove(self) -> None:
+        for base in self.bases.values():
+            with contextlib.suppress(OSError):
+                base.rmdir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,90 @@
+"""How a child and its supervisor find each other: the start gate and the handshake
+line. Shared by both sides; stdlib only, because the child reads it before anything
+else is imported.
+
+Start gate. The child is started with a pipe on `--gate-fd`. Before it may run any
+plugin code it blocks reading that pipe to EOF. The supervisor writes the gate payload
+only after it has put the child into its cgroup and applied its rlimits, so no plugin
+code runs outside its limits, and the secrets travel there rather than in argv or the
+environment (both are readable through /proc).
+
+Handshake line. When the gRPC server listens, the child prints one line on stdout:
+
+    CLAWSUP|1|unix|/path/to/host.sock|grpc
+
+(the go-plugin shape: core protocol version, network, address, protocol). The
+supervisor dials only after this line, which avoids gRPC's 1 s reconnect backoff for a
+dial that comes too early. Lines before it are plugin noise: logged, not fatal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = "CLAWSUP"
+CORE_PROTOCOL_VERSION = 1
+TOKEN_METADATA_KEY = "x-clawsup-token"
+HOST_TOKEN_METADATA_KEY = "x-clawsup-host-token"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Handshake:
+    network: str
+    address: str
+    protocol: str
+
+
+class HandshakeError(ValueError):
+    pass
+
+
+def format_handshake(address: str) -> str:
+    return f"{MAGIC}|{CORE_PROTOCOL_VERSION}|unix|{address}|grpc"
+
+
+def is_handshake(line: str) -> bool:
+    return line.startswith(MAGIC + "|")
+
+
+def parse_handshake(line: str) -> Handshake:
+    parts = line.strip().split("|")
+    if len(parts) != 5 or parts[0] != MAGIC:
+        raise HandshakeError(f"malformed handshake line {line[:200]!r}")
+    if parts[1] != str(CORE_PROTOCOL_VERSION):
+        raise HandshakeError(
+            f"child speaks core protocol {parts[1]!r}, this supervisor speaks {CORE_PROTOCOL_VERSION}; "
+            "the sandbox runtime and the supervisor come from different clawsup versions, reinstall clawsup"
+        )
+    if parts[2] != "unix" or parts[4] != "grpc":
+        raise HandshakeError(f"unsupported transport {parts[2]}/{parts[4]} in handshake")
+    return Handshake(network=parts[2], address=parts[3], protocol=parts[4])
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatePayload:
+    sandbox_id: str
+    supervisor_token: str
+    host_token: str
+    plugin_config: dict[str, Any]
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "sandbox_id": self.sandbox_id,
+                "supervisor_token": self.supervisor_token,
+                "host_token": self.host_token,
+                "plugin_config": self.plugin_config,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> GatePayload:
+        d = json.loads(raw)
+        return cls(
+            sandbox_id=d["sandbox_id"],
+            supervisor_token=d["supervisor_token"],
+            host_token=d["host_token"],
+            plugin_config=d["plugin_config"],
+        )

@@ -1,0 +1,73 @@
+"""Entry point of a sandbox child: `python -m sandbox.host --plugin-dir DIR ...`.
+
+The order matters and is why this file imports so little at the top:
+1. tie our life to the supervisor's (PR_SET_PDEATHSIG), then re-check the parent,
+   because it may have died between our fork and the prctl;
+2. block on the start gate until the supervisor has applied cgroup and rlimits;
+3. only then import grpc and the plugin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        # The supervisor died before the prctl took effect; nobody would kill us.
+        os._exit(70)
+
+
+def _read_gate(fd: int) -> bytes:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m sandbox.host",
+        description=(
+            "A clawsup sandbox host. It is started by the clawsup supervisor, which hands it "
+            "its secrets on the start gate; running it by hand does nothing useful. "
+            "Use `clawsup start --plugin DIR` to run a plugin."
+        ),
+    )
+    p.add_argument("--plugin-dir", required=True)
+    p.add_argument("--socket", required=True)
+    p.add_argument("--gate-fd", type=int, required=True)
+    p.add_argument("--parent-pid", type=int, required=True)
+    args = p.parse_args(argv)
+
+    _die_with_parent(args.parent_pid)
+    try:
+        raw = _read_gate(args.gate_fd)
+    except OSError as e:
+        print(f"clawsup host: cannot read the start gate on fd {args.gate_fd}: {e}", file=sys.stderr)
+        os._exit(64)
+    if not raw:
+        # The supervisor closed the gate without opening it: it decided not to run us.
+        os._exit(0)
+
+    from sandbox.handshake import GatePayload
+    from sandbox.host.server import run
+
+    run(plugin_dir=args.plugin_dir, socket_path=args.socket, gate=GatePayload.decode(raw))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The child's gRPC server: serves the one plugin it loaded until told to stop.
+
+Created by `sandbox.host.__main__` after the start gate opened; lives as long as the
+child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from clawsup.v1 import host_pb2 as pb
+from clawsup.v1 import host_pb2_grpc as pb_grpc
+from sandbox.api import PluginApi, Tool
+from sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY, GatePayload, format_handshake
+from sandbox.host.link import SupervisorLink
+from sandbox.host.loader import load_plugin
+from sandbox.manifest import load_manifest
+
+PROTOCOL = "clawsup.v1"
+# Sync handlers run here. Threads, not processes: the sandbox is the isolation unit.
+HANDLER_THREADS = 8
+Kind = pb.ToolFailure.Kind
+
+
+class _TokenCheck(grpc.aio.ServerInterceptor):
+    """Refuses every call that does not carry the supervisor's token, health checks
+    included: only the supervisor has any business on this socket."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong clawsup token")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        for key, value in details.invocation_metadata or ():
+            if key == TOKEN_METADATA_KEY and value == self._token:
+                return await continuation(details)
+        return self._deny
+
+
+class HostServicer(pb_grpc.HostServicer):
+    def __init__(
+        self,
+        *,
+        api: PluginApi,
+        plugin_version: str,
+        link: SupervisorLink,
+        health_servicer: health.aio.HealthServicer,
+        host_token: str,
+        stop: asyncio.Event,
+    ) -> None:
+        self._api = api
+        self._version = plugin_version
+        self._link = link
+        self._health = health_servicer
+        self._host_md = ((HOST_TOKEN_METADATA_KEY, host_token),)
+        self._stop = stop
+        self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="tool")
+        # Sync handlers that outlived their timeout. Threads cannot be interrupted, so
+        # while any is still running the host reports NOT_SERVING and the supervisor
+        # replaces it (tests/test_faults.py::test_endless_loop_in_handler).
+        self._overrun: set[str] = set()
+
+    async def Describe(self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext) -> pb.DescribeResponse:
+        await context.send_initial_metadata(self._host_md)
+        tools = [
+            pb.ToolSpec(name=t.name, description=t.description, input_schema_json=json.dumps(t.input_schema))
+            for t in self._api.tools.values()
+        ]
+        return pb.DescribeResponse(
+            plugin_id=self._api.plugin_id, plugin_version=self._version, tools=tools, protocol=PROTOCOL
+        )
+
+    async def InvokeTool(self, request: pb.InvokeToolRequest, context: grpc.aio.ServicerContext) -> pb.InvokeToolResponse:
+        await context.send_initial_metadata(self._host_md)
+        tool = self._api.tools.get(request.name)
+        if tool is None:
+            return _failure(Kind.UNKNOWN_TOOL, f"no tool named {request.name!r} in plugin {self._api.plugin_id!r}")
+        try:
+            args = json.loads(request.args_json) if request.args_json else {}
+        except json.JSONDecodeError as e:
+            return _failure(Kind.BAD_ARGUMENTS, f"arguments are not valid JSON: {e.msg} at position {e.pos}")
+        if not isinstance(args, dict):
+            return _failure(Kind.BAD_ARGUMENTS, f"arguments must be a JSON object, got {type(args).__name__}")
+        timeout = request.timeout_ms / 1000 if request.timeout_ms else None
+        try:
+            value = await self._run(tool, args, timeout, request.call_id)
+        except TimeoutError:
+            return _failure(Kind.TIMED_OUT, f"tool {tool.name!r} did not finish within {timeout:g} s")
+        except Exception as e:
+            tb = traceback.format_exc()
+            print(f"tool {tool.name!r} (call {request.call_id}) raised:\n{tb}", file=sys.stderr, flush=True)
+            return _failure(Kind.HANDLER_RAISED, f"{type(e).__name__}: {e}", tb[-4000:])
+        if isinstance(value, str):
+            return pb.InvokeToolResponse(result=value)
+        try:
+            return pb.InvokeToolResponse(result=json.dumps(value), result_is_json=True)
+        except (TypeError, ValueError) as e:
+            return _failure(Kind.BAD_RESULT, f"tool {tool.name!r} returned a {type(value).__name__}, which is neither str nor JSON-able: {e}")
+
+    async def _run(self, tool: Tool, args: dict[str, Any], timeout: float | None, call_id: str) -> Any:
+        if tool.is_async:
+            async with asyncio.timeout(timeout):
+                return await tool.handler(args)  # type: ignore[misc]
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, tool.handler, args)
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(fut)
+        finally:
+            if not fut.done():
+                await self._mark_overrun(tool.name, call_id, fut)
+
+    async def _mark_overrun(self, name: str, call_id: str, fut: asyncio.Future[Any]) -> None:
+        key = f"{name}#{call_id}"
+        self._overrun.add(key)
+        print(f"tool {name!r} (call {call_id}) overran its timeout and cannot be interrupted; reporting NOT_SERVING", file=sys.stderr, flush=True)
+        await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+        def finished(_: asyncio.Future[Any]) -> None:
+            self._overrun.discard(key)
+            if not self._overrun:
+                asyncio.ensure_future(self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING))
+
+        fut.add_done_callback(finished)
+
+    async def Shutdown(self, request: pb.ShutdownRequest, context: grpc.aio.ServicerContext) -> pb.ShutdownResponse:
+        await context.send_initial_metadata(self._host_md)
+        print(f"shutdown requested by the supervisor: {request.reason or 'no reason given'}", file=sys.stderr, flush=True)
+        self._stop.set()
+        return pb.ShutdownResponse()
+
+    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.send_initial_metadata(self._host_md)
+        # The stream ends when the supervisor closes it or when we are told to stop;
+        # otherwise it would hold server.stop() for its whole grace period.
+        serve = asyncio.ensure_future(self._link.serve(request_iterator, context))
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({serve, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            serve.cancel()
+            stopping.cancel()
+
+
+def _failure(kind: int, message: str, tb: str = "") -> pb.InvokeToolResponse:
+    return pb.InvokeToolResponse(error=pb.ToolFailure(kind=kind, message=message, traceback=tb))
+
+
+async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
+    loop = asyncio.get_running_loop()
+    manifest = load_manifest(plugin_dir)
+    link = SupervisorLink(loop)
+    api = load_plugin(plugin_dir, manifest, gate.plugin_config, Path.cwd())
+    api._outbox = link.request
+    api._post = link.post
+
+    stop = asyncio.Event()
+    health_servicer = health.aio.HealthServicer()
+    server = grpc.aio.server(
+        interceptors=[_TokenCheck(gate.supervisor_token)],
+        options=[("grpc.so_reuseport", 0)],
+    )
+    pb_grpc.add_HostServicer_to_server(
+        HostServicer(
+            api=api,
+            plugin_version=manifest.version,
+            link=link,
+            health_servicer=health_servicer,
+            host_token=gate.host_token,
+            stop=stop,
+        ),
+        server,
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if os.path.exists(socket_path):
+        os.unlink(socket_path)
+    server.add_insecure_port(f"unix:{socket_path}")
+    await server.start()
+    await health_servicer.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    print(format_handshake(socket_path), flush=True)
+    await stop.wait()
+    # In-flight tool calls get this long to finish; the supervisor's own grace
+    # period is longer, and it signals the group after that.
+    await server.stop(grace=1.0)
+
+
+def run(plugin_dir: str, socket_path: str, gate: GatePayload) -> None:
+    try:
+        asyncio.run(serve(Path(plugin_dir), socket_path, gate))
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(3)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit, not a normal exit: a sync handler stuck in a worker thread would
+    # otherwise keep the interpreter alive at its thread-join on shutdown.
+    os._exit(0)

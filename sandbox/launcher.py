@@ -1,0 +1,112 @@
+"""The launcher interface: how the supervisor starts one sandbox child, whatever the
+backend. One small contract (go-plugin's runner.Runner is the model): start, wait,
+signal, kill everything, read its output pipes, say where its socket is, and diagnose
+a death. `sandbox.process` is the first implementation; bwrap and docker follow it.
+
+Supervisor-side code: it never runs plugin code and never imports `sandbox.host`.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from sandbox.handshake import GatePayload
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    call_timeout_s: float = 30.0
+    memory_bytes: int = 512 * MiB
+    cpu_seconds: int = 600
+    max_processes: int = 64
+    max_open_files: int = 256
+    max_file_size_bytes: int = 64 * MiB
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    sandbox_id: str
+    plugin_dir: Path
+    workspace: Path
+    """The child's working directory and its only writable place of its own."""
+    run_dir: Path
+    """A 0700 directory for the child's gRPC socket."""
+    limits: Limits
+    env: dict[str, str]
+    """The child's whole environment, already built from an allowlist."""
+    gate: GatePayload
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExitStatus:
+    """How a child ended, as the supervisor saw it."""
+
+    code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    """What the supervisor knows beyond the status: "memory limit", "heartbeat
+    missed", "stopped by operator"..."""
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            try:
+                name = _signal.Signals(self.signal).name
+            except ValueError:
+                name = f"signal {self.signal}"
+            how = f"was killed by {name}"
+        elif self.code is not None:
+            how = f"exited with code {self.code}"
+        else:
+            how = "ended"
+        return f"{how} ({self.reason})" if self.reason else how
+
+    def to_json(self) -> dict[str, object]:
+        return {"code": self.code, "signal": self.signal, "reason": self.reason, "text": self.describe()}
+
+
+class Child(Protocol):
+    """One started child. Created by `Launcher.launch`; owned by the supervisor's
+    Sandbox record for one incarnation; `close()` releases its fds once it is dead."""
+
+    pid: int
+    stdout_fd: int
+    stderr_fd: int
+    socket_path: str
+    """The address the supervisor dials (translated for containers)."""
+
+    async def wait(self) -> ExitStatus:
+        """Returns when the child itself has exited (event-driven, never polled)."""
+        ...
+
+    def signal_group(self, sig: int) -> None:
+        """Send `sig` to the child's whole process group."""
+        ...
+
+    def kill_all(self) -> None:
+        """SIGKILL the child and everything it started: its group and its cgroup.
+        Safe to call after the child has exited, to sweep up descendants."""
+        ...
+
+    def diagnose(self) -> str:
+        """Why the child may have died, from what the backend saw (for example the
+        memory cgroup's OOM counter). Empty when there is nothing to add."""
+        ...
+
+    def rss_bytes(self) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+class Launcher(Protocol):
+    name: str
+
+    async def launch(self, spec: LaunchSpec) -> Child: ...
+
+    def close(self) -> None:
+        """Release what the launcher holds for all its children (cgroup parents)."""
+        ...

@@ -1,0 +1,219 @@
+"""The `process` backend: a plain child process with rlimits, its own session and
+process group, a death signal, a scrubbed environment, the workspace as cwd, and a
+cgroup when one is writable.
+
+This is NOT a security boundary. The child runs as the supervisor's user and sees
+its files; limits contain accidents (loops, floods, memory and fork bombs), not an
+attacker. Run code you did not write under the bwrap or docker backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import psutil
+from loguru import logger
+
+from sandbox.cgroup import Cgroup, CgroupRoot
+from sandbox.launcher import Child, ExitStatus, LaunchSpec, MiB
+
+# Address space beyond the memory limit: an idle grpc.aio child maps several hundred
+# MiB it never touches (thread stacks, malloc arenas). The memory cgroup enforces the
+# real limit on resident memory; RLIMIT_AS is the backstop where there is no cgroup.
+ADDRESS_SPACE_HEADROOM = 1024 * MiB
+
+
+class ProcessChild:
+    """One child process. Held by pidfd: PIDs wrap quickly here (pid_max 32768), and a
+    pidfd can never name a different process."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int, socket_path: str, cgroup: Cgroup | None) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self._pidfd = pidfd
+        self.socket_path = socket_path
+        self._cgroup = cgroup
+        assert popen.stdout is not None and popen.stderr is not None
+        self.stdout_fd = popen.stdout.fileno()
+        self.stderr_fd = popen.stderr.fileno()
+        self._exit: asyncio.Future[ExitStatus] | None = None
+
+    def wait(self) -> asyncio.Future[ExitStatus]:  # type: ignore[override]
+        if self._exit is None:
+            loop = asyncio.get_running_loop()
+            self._exit = loop.create_future()
+            loop.add_reader(self._pidfd, self._on_exit)
+        return self._exit
+
+    def _on_exit(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._pidfd)
+        info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+        # Popen must not try to reap a pid we already reaped (it could be reused).
+        if info is None:
+            status = ExitStatus()
+            self._popen.returncode = -1
+        elif info.si_code == os.CLD_EXITED:
+            status = ExitStatus(code=info.si_status)
+            self._popen.returncode = info.si_status
+        else:
+            status = ExitStatus(signal=info.si_status)
+            self._popen.returncode = -info.si_status
+        if self._exit is not None and not self._exit.done():
+            self._exit.set_result(status)
+
+    @property
+    def exited(self) -> bool:
+        return self._popen.returncode is not None
+
+    def signal_group(self, sig: int) -> None:
+        # The group id is the child's pid (it is a session leader). The number stays
+        # ours while any member of the group lives, even after the leader is reaped.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def kill_all(self) -> None:
+        if not self.exited:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        self.signal_group(signal.SIGKILL)
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+
+    def diagnose(self) -> str:
+        if self._cgroup is None:
+            return ""
+        if self._cgroup.memory_limit_hit():
+            return "memory limit"
+        if self._cgroup.pids_limit_hit():
+            return "process limit reached"
+        return ""
+
+    def survivors(self) -> list[int]:
+        """Processes of this sandbox still alive (for tests and the final sweep)."""
+        return self._cgroup.pids() if self._cgroup is not None else []
+
+    def rss_bytes(self) -> int | None:
+        if self.exited:
+            return None
+        try:
+            return psutil.Process(self.pid).memory_info().rss
+        except psutil.Error:
+            return None
+
+    def close(self) -> None:
+        for f in (self._popen.stdout, self._popen.stderr):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        with contextlib.suppress(OSError):
+            os.close(self._pidfd)
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+            self._cgroup.remove()
+
+
+class ProcessLauncher:
+    name = "process"
+
+    def __init__(self, cgroups: CgroupRoot | None) -> None:
+        self._cgroups = cgroups
+
+    async def launch(self, spec: LaunchSpec) -> Child:
+        socket_path = str(spec.run_dir / "host.sock")
+        gate_r, gate_w = os.pipe()
+        argv = [
+            # -I: the workspace is the cwd and is writable by the plugin; isolated
+            # mode keeps it (and PYTHON* variables) off sys.path, so a plugin cannot
+            # plant its own `sandbox` package for the next start.
+            sys.executable, "-I", "-m", "sandbox.host",
+            "--plugin-dir", str(spec.plugin_dir),
+            "--socket", socket_path,
+            "--gate-fd", str(gate_r),
+            "--parent-pid", str(os.getpid()),
+        ]  # fmt: skip
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=spec.workspace,
+                env=spec.env,
+                start_new_session=True,
+                pass_fds=(gate_r,),
+                close_fds=True,
+            )
+        finally:
+            os.close(gate_r)
+        # Not yet reaped, so the pid still names our child: pidfd_open is race-free.
+        pidfd = os.pidfd_open(popen.pid)
+        cgroup = None
+        try:
+            if self._cgroups is not None:
+                cgroup = self._cgroups.child(
+                    spec.sandbox_id, max_processes=spec.limits.max_processes, memory_bytes=spec.limits.memory_bytes
+                )
+                cgroup.attach(popen.pid)
+            _apply_rlimits(popen.pid, spec, have_cgroup=cgroup is not None)
+            # Open the gate: only now may the child go on to load plugin code.
+            os.write(gate_w, spec.gate.encode())
+        except BaseException:
+            popen.kill()
+            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+            popen.returncode = -9
+            os.close(pidfd)
+            if cgroup is not None:
+                cgroup.kill_all()
+                cgroup.remove()
+            raise
+        finally:
+            os.close(gate_w)
+        child = ProcessChild(popen, pidfd, socket_path, cgroup)
+        os.set_blocking(child.stdout_fd, False)
+        os.set_blocking(child.stderr_fd, False)
+        return child
+
+    def close(self) -> None:
+        if self._cgroups is not None:
+            self._cgroups.remove()
+
+
+def _apply_rlimits(pid: int, spec: LaunchSpec, *, have_cgroup: bool) -> None:
+    lim = spec.limits
+    addr = lim.memory_bytes + ADDRESS_SPACE_HEADROOM
+    settings = [
+        (resource.RLIMIT_AS, addr),
+        (resource.RLIMIT_CPU, lim.cpu_seconds),
+        (resource.RLIMIT_NOFILE, lim.max_open_files),
+        (resource.RLIMIT_FSIZE, lim.max_file_size_bytes),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    if not have_cgroup and os.geteuid() != 0:
+        # RLIMIT_NPROC counts every task of the uid, the supervisor's own included, so
+        # a bare max_processes would forbid the child even its gRPC threads.
+        settings.append((resource.RLIMIT_NPROC, _tasks_of_uid(os.geteuid()) + lim.max_processes))
+    for which, value in settings:
+        try:
+            resource.prlimit(pid, which, (value, value))
+        except ValueError:
+            # Asking for more than our own hard limit: take the hard limit.
+            _, hard = resource.getrlimit(which)
+            resource.prlimit(pid, which, (hard, hard))
+        except OSError as e:
+            logger.warning("could not set rlimit {} on {}: {}", which, spec.sandbox_id, e)
+
+
+def _tasks_of_uid(uid: int) -> int:
+    n = 0
+    for p in psutil.process_iter(["uids", "num_threads"]):
+        with contextlib.suppress(psutil.Error, TypeError):
+            if p.info["uids"].real == uid:
+                n += p.info["num_threads"]
+    return n

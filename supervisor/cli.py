@@ -1,0 +1,244 @@
+"""`clawsup`: start the gateway, and talk to a running one over its control socket.
+
+Every command that prints data accepts `--json`. Exit codes: 0 success, 1 the
+operation failed (the error text says why), 2 bad usage, 3 no supervisor running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from supervisor.control import ControlClient, SupervisorNotRunning
+from supervisor.errors import ClawsupError
+from supervisor.lifecycle import SandboxState, Transition
+from supervisor.paths import StatePaths, resolve_state_dir
+from supervisor.sandbox_log import tail_lines
+
+app = typer.Typer(help="clawsup: a gateway for personal AI agents where nothing untrusted runs inside the gateway.", no_args_is_help=True, add_completion=False)
+tools_app = typer.Typer(help="List and call the tools the sandboxes registered.", no_args_is_help=True)
+app.add_typer(tools_app, name="tools")
+out = Console()
+err = Console(stderr=True)
+
+StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="State directory (default: $CLAWSUP_HOME, else ~/.local/state/clawsup).")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+STATE_STYLE = {"ready": "green", "starting": "yellow", "draining": "yellow", "backoff": "magenta", "crashed": "red", "failed": "bold red", "stopped": "dim"}
+
+
+def _paths(state_dir: Path | None) -> StatePaths:
+    return StatePaths(resolve_state_dir(state_dir))
+
+
+def _client(state_dir: Path | None, timeout: float = 60.0) -> ControlClient:
+    return ControlClient(_paths(state_dir).control_socket, timeout=timeout)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _call(state_dir: Path | None, req: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    try:
+        return _client(state_dir, timeout).request(req)
+    except SupervisorNotRunning as e:
+        _fail(str(e), 3)
+
+
+def _data_or_fail(resp: dict[str, Any]) -> Any:
+    if not resp.get("ok"):
+        _fail(resp.get("error", {}).get("message", "unknown error"))
+    return resp["data"]
+
+
+@app.command()
+def start(
+    config: Annotated[Optional[Path], typer.Option("--config", help="clawsup.json (JSON5). Default: the bundled config.")] = None,
+    state_dir: StateDir = None,
+    plugin: Annotated[Optional[list[Path]], typer.Option("--plugin", help="A plugin folder to load on top of the config's. Repeatable.")] = None,
+) -> None:
+    """Run the gateway in the foreground until Ctrl-C, SIGTERM or `clawsup stop`."""
+    from supervisor.gateway import GatewayOptions, run_gateway, setup_logging
+
+    paths = _paths(state_dir)
+    paths.ensure()
+    setup_logging(paths)
+
+    def on_transition(t: Transition) -> None:
+        style = STATE_STYLE.get(t.new.value, "")
+        out.print(f"  [bold]{t.sandbox_id}[/bold] {t.old.value} → [{style}]{t.new.value}[/{style}]" + (f"  [dim]{t.why}[/dim]" if t.why else ""), highlight=False)
+
+    def on_ready(manager: Any) -> None:
+        _print_status(manager.status())
+        out.print(f"[dim]control socket {paths.control_socket}; `clawsup status`, `clawsup logs <sandbox> -f`, Ctrl-C to stop[/dim]")
+
+    opts = GatewayOptions(
+        config_path=config.resolve() if config else None,
+        state_dir=paths.root,
+        extra_plugins=list(plugin or []),
+        on_transition=on_transition,
+        on_ready=on_ready,
+    )
+    try:
+        code = asyncio.run(run_gateway(opts))
+    except ClawsupError as e:
+        _fail(str(e), 2)
+    raise typer.Exit(code)
+
+
+def _print_status(sandboxes: list[dict[str, Any]]) -> None:
+    table = Table(title="sandboxes", title_justify="left")
+    for col in ("id", "state", "pid", "restarts", "uptime", "rss", "tools", "last exit"):
+        table.add_column(col)
+    for s in sandboxes:
+        style = STATE_STYLE.get(s["state"], "")
+        table.add_row(
+            s["id"],
+            f"[{style}]{s['state']}[/{style}]",
+            str(s["pid"] or "-"),
+            str(s["restarts"]),
+            f"{s['uptime_s']:.0f}s" if s["uptime_s"] is not None else "-",
+            f"{s['rss_bytes'] / 2**20:.0f} MiB" if s["rss_bytes"] else "-",
+            ", ".join(s["tools"]) or "-",
+            (s["last_exit"] or {}).get("text", "-"),
+        )
+    out.print(table)
+
+
+@app.command()
+def status(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
+    """Each sandbox: state, pid, restarts, uptime, memory, tools, last exit."""
+    data = _data_or_fail(_call(state_dir, {"op": "status"}))
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        _print_status(data["sandboxes"])
+
+
+@tools_app.command("list")
+def tools_list(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
+    """Every registered tool with its owner."""
+    data = _data_or_fail(_call(state_dir, {"op": "tools"}))
+    if as_json:
+        print(json.dumps({"tools": [{k: t[k] for k in ("name", "owner", "description")} for t in data["tools"]]}, indent=2))
+        return
+    table = Table()
+    for col in ("name", "owner", "description"):
+        table.add_column(col)
+    for t in data["tools"]:
+        table.add_row(t["name"], t["owner"], t["description"])
+    out.print(table)
+
+
+@tools_app.command("call")
+def tools_call(
+    name: str,
+    args: Annotated[str, typer.Option("--args", help="The arguments, a JSON object.")] = "{}",
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds; capped by the plugin's call timeout.")] = None,
+    state_dir: StateDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Call a tool through the same supervisor path an agent uses."""
+    try:
+        parsed = json.loads(args)
+    except json.JSONDecodeError as e:
+        _fail(f"--args is not valid JSON: {e.msg} at position {e.pos}", 2)
+    if not isinstance(parsed, dict):
+        _fail("--args must be a JSON object, such as '{\"text\": \"hi\"}'", 2)
+    req: dict[str, Any] = {"op": "call", "name": name, "args": parsed}
+    if timeout is not None:
+        req["timeout"] = timeout
+    resp = _call(state_dir, req, timeout=(timeout or 3600) + 30)
+    if as_json:
+        body = {"ok": True, "result": resp["data"]["result"]} if resp.get("ok") else {"ok": False, "error": resp["error"]["message"]}
+        print(json.dumps(body))
+        raise typer.Exit(0 if resp.get("ok") else 1)
+    if not resp.get("ok"):
+        _fail(resp["error"]["message"])
+    result = resp["data"]["result"]
+    print(result if isinstance(result, str) else json.dumps(result, indent=2))
+
+
+@app.command()
+def logs(
+    sandbox: str,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
+    lines: Annotated[int, typer.Option("-n", "--lines", help="How many past lines.")] = 50,
+    state_dir: StateDir = None,
+) -> None:
+    """A sandbox's output and lifecycle events. Works without a running supervisor
+    (without -f)."""
+    paths = _paths(state_dir)
+    try:
+        stream = _client(state_dir).stream({"op": "logs", "sandbox": sandbox, "n": lines, "follow": follow})
+        first = next(stream)
+    except SupervisorNotRunning:
+        path = paths.sandbox_log(sandbox)
+        if not path.exists():
+            _fail(f"no log for sandbox {sandbox!r} in {paths.logs}", 1)
+        for line in tail_lines(path, lines):
+            print(line)
+        if follow:
+            err.print("[yellow]the supervisor is not running; nothing more will come[/yellow]")
+        return
+    for line in _data_or_fail(first)["lines"]:
+        print(line)
+    sys.stdout.flush()
+    try:
+        for msg in stream:
+            print(msg["line"], flush=True)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def restart(
+    sandbox: str,
+    timeout: Annotated[float, typer.Option("--timeout")] = 30.0,
+    state_dir: StateDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Stop a sandbox if it runs, forget its past crashes, and start it again."""
+    resp = _call(state_dir, {"op": "restart", "sandbox": sandbox, "timeout": timeout}, timeout=timeout + 10)
+    data = _data_or_fail(resp)
+    if as_json:
+        print(json.dumps(data))
+    else:
+        out.print(f"{sandbox}: {data['state']}")
+    if data["state"] != "ready":
+        raise typer.Exit(1)
+
+
+@app.command()
+def wait(
+    sandbox: str,
+    states: Annotated[list[SandboxState], typer.Argument(help="One or more states to wait for.")],
+    timeout: Annotated[float, typer.Option("--timeout")] = 30.0,
+    state_dir: StateDir = None,
+) -> None:
+    """Block until a sandbox reaches one of the given states (for scripts)."""
+    resp = _call(state_dir, {"op": "wait", "sandbox": sandbox, "states": [s.value for s in states], "timeout": timeout}, timeout=timeout + 10)
+    print(_data_or_fail(resp)["state"])
+
+
+@app.command()
+def stop(state_dir: StateDir = None) -> None:
+    """Stop the running supervisor and all its sandboxes; returns once it is gone."""
+    try:
+        _client(state_dir).stop()
+    except SupervisorNotRunning as e:
+        _fail(str(e), 3)
+    out.print("stopped")
+
+
+if __name__ == "__main__":
+    app()

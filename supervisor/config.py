@@ -1,0 +1,108 @@
+"""`clawsup.json` (JSON5): one pydantic tree, errors that name the key path.
+
+`plugins` follows OpenClaw's shape (`plugins.load.paths`, `plugins.entries.<id>`), so
+a user's plugin list carries over; `sandbox` is ours. Later layers add `agents`,
+`bindings`, `session`, `tools`, `channels` and `providers` here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import json5
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from sandbox.manifest import Backend, RestartRequest, SandboxRequest, format_validation_error
+from supervisor.errors import ConfigError
+
+BUNDLED_PREFIX = "bundled:"
+BUNDLED_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "default_config.json5"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class PluginLoad(_Model):
+    paths: list[str] = Field(default_factory=list)
+    """Plugin folders: absolute, relative to this config file, or `bundled:NAME`."""
+
+
+class PluginEntry(_Model):
+    enabled: bool = True
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Handed to the plugin, after a check against its manifest's configSchema."""
+    sandbox: SandboxRequest = Field(default_factory=SandboxRequest)
+    """The operator's overrides; they win over what the manifest asks for."""
+
+
+class PluginsConfig(_Model):
+    load: PluginLoad = Field(default_factory=PluginLoad)
+    entries: dict[str, PluginEntry] = Field(default_factory=dict)
+
+
+class SandboxDefaults(_Model):
+    backend: Backend = "process"
+    call_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    memory_mb: int = Field(default=512, ge=32)
+    cpu_seconds: int = Field(default=600, ge=1)
+    max_processes: int = Field(default=64, ge=8)
+    max_open_files: int = Field(default=256, ge=32)
+    max_file_size_mb: int = Field(default=64, ge=1)
+    restart: RestartRequest = Field(
+        default_factory=lambda: RestartRequest(
+            max_restarts=5, period_seconds=60.0, backoff_initial_seconds=0.5, backoff_max_seconds=30.0
+        )
+    )
+
+
+class SandboxConfig(_Model):
+    defaults: SandboxDefaults = Field(default_factory=SandboxDefaults)
+    handshake_timeout_seconds: float = Field(default=10.0, gt=0)
+    heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
+    heartbeat_timeout_seconds: float = Field(default=1.0, gt=0)
+    heartbeat_misses: int = Field(default=2, ge=1)
+    """Consecutive unanswered health checks before a child counts as hung and is killed."""
+    stop_grace_seconds: float = Field(default=2.0, gt=0)
+    """How long each polite step of a stop (Shutdown RPC, then SIGTERM) may take
+    before the next, harsher one."""
+    env_allowlist: list[str] = Field(default_factory=lambda: ["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ"])
+    """The only variables of the supervisor's environment a child inherits."""
+
+
+class ClawsupConfig(_Model):
+    plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+
+def load_config(path: Path) -> ClawsupConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(str(path), ["file not found; `clawsup start` without --config uses the bundled default"]) from None
+    except OSError as e:
+        raise ConfigError(str(path), [f"cannot read: {e.strerror}"]) from e
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, source: str) -> ClawsupConfig:
+    try:
+        data = json5.loads(text)
+    except ValueError as e:
+        raise ConfigError(source, [f"not valid JSON5: {e}"]) from e
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["<root>: must be an object"])
+    try:
+        return ClawsupConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(source, format_validation_error(e).split("; ")) from e
+
+
+def resolve_plugin_path(entry: str, base: Path) -> Path:
+    if entry.startswith(BUNDLED_PREFIX):
+        return BUNDLED_PLUGINS / entry[len(BUNDLED_PREFIX) :]
+    p = Path(entry).expanduser()
+    return (p if p.is_absolute() else base / p).resolve()

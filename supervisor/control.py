@@ -1,0 +1,242 @@
+"""The control API: newline-delimited JSON over `<state>/run/control.sock` (0600).
+
+One request per connection. The answer is one line, `{"ok": true, "data": ...}` or
+`{"ok": false, "error": {"code": ..., "message": ...}}`; `logs` with `follow` then
+sends one `{"line": ...}` per log line until the client hangs up. Requests are checked
+by pydantic: a bad one gets an error naming the field.
+
+Created by the gateway; lives until the gateway stops, which closes every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from sandbox.manifest import format_validation_error
+from supervisor.errors import ClawsupError
+from supervisor.lifecycle import SandboxState
+from supervisor.manager import SandboxManager
+from supervisor.sandbox_log import tail_lines
+
+MAX_REQUEST = 1024 * 1024
+
+
+class _Req(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StatusReq(_Req):
+    op: Literal["status"]
+
+
+class ToolsReq(_Req):
+    op: Literal["tools"]
+
+
+class CallReq(_Req):
+    op: Literal["call"]
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    timeout: float | None = Field(default=None, gt=0)
+
+
+class LogsReq(_Req):
+    op: Literal["logs"]
+    sandbox: str
+    n: int = Field(default=50, ge=0, le=100_000)
+    follow: bool = False
+
+
+class RestartReq(_Req):
+    op: Literal["restart"]
+    sandbox: str
+    timeout: float = Field(default=30.0, gt=0)
+
+
+class WaitReq(_Req):
+    op: Literal["wait"]
+    sandbox: str
+    states: list[SandboxState]
+    timeout: float = Field(default=30.0, gt=0, le=3600)
+
+
+class StopReq(_Req):
+    op: Literal["stop"]
+
+
+Request = Annotated[StatusReq | ToolsReq | CallReq | LogsReq | RestartReq | WaitReq | StopReq, Field(discriminator="op")]
+_REQUEST = TypeAdapter(Request)
+
+
+class ControlServer:
+    def __init__(self, path: Path, manager: SandboxManager, on_stop: Callable[[], None]) -> None:
+        self._path = path
+        self._manager = manager
+        self._on_stop = on_stop
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        # asyncio's server starts one task per connection; we keep them so that
+        # close() can end them before the loop does.
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path.unlink()
+        old = os.umask(0o177)  # born 0600: no window in which others may connect
+        try:
+            self._server = await asyncio.start_unix_server(self._handle, path=str(self._path), limit=MAX_REQUEST)
+        finally:
+            os.umask(old)
+        os.chmod(self._path, 0o600)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for w in tuple(self._writers):
+            w.close()
+        if self._handlers:
+            _, pending = await asyncio.wait(self._handlers, timeout=1.0)
+            for t in pending:
+                t.cancel()
+        with contextlib.suppress(FileNotFoundError):
+            self._path.unlink()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        self._writers.add(writer)
+        try:
+            raw = await reader.readline()
+            if not raw:
+                return
+            try:
+                req = _REQUEST.validate_json(raw)
+            except ValidationError as e:
+                await _send(writer, {"ok": False, "error": {"code": "bad_request", "message": format_validation_error(e)}})
+                return
+            try:
+                await self._dispatch(req, reader, writer)
+            except ClawsupError as e:
+                await _send(writer, {"ok": False, "error": {"code": e.code, "message": str(e)}})
+            except TimeoutError:
+                await _send(writer, {"ok": False, "error": {"code": "timeout", "message": "timed out waiting"}})
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            logger.exception("control API request failed")
+            with contextlib.suppress(Exception):
+                await _send(writer, {"ok": False, "error": {"code": "internal", "message": "internal error; see the supervisor log"}})
+        finally:
+            self._writers.discard(writer)
+            self._handlers.discard(task)
+            writer.close()
+
+    async def _dispatch(self, req: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        m = self._manager
+        match req:
+            case StatusReq():
+                await _send(writer, {"ok": True, "data": {"sandboxes": m.status()}})
+            case ToolsReq():
+                tools = [{"name": r.name, "owner": r.owner, "sandbox": r.sandbox_id, "description": r.description} for r in m.registry.tools()]
+                await _send(writer, {"ok": True, "data": {"tools": tools}})
+            case CallReq(name=name, args=args, timeout=timeout):
+                result = await m.invoke(name, args, timeout)
+                await _send(writer, {"ok": True, "data": {"result": result.value()}})
+            case RestartReq(sandbox=sid, timeout=timeout):
+                state = await m.get(sid).restart(timeout)
+                await _send(writer, {"ok": True, "data": {"sandbox": sid, "state": state.value}})
+            case WaitReq(sandbox=sid, states=states, timeout=timeout):
+                state = await m.get(sid).wait_state(frozenset(states), timeout)
+                await _send(writer, {"ok": True, "data": {"sandbox": sid, "state": state.value}})
+            case LogsReq(sandbox=sid, n=n, follow=follow):
+                sb = m.get(sid)
+                sb.log.flush()
+                q = sb.log.subscribe() if follow else None
+                try:
+                    await _send(writer, {"ok": True, "data": {"lines": tail_lines(sb.log.path, n)}})
+                    if q is None:
+                        return
+                    hangup = asyncio.ensure_future(reader.read(1))
+                    try:
+                        while True:
+                            get = asyncio.ensure_future(q.get())
+                            done, _ = await asyncio.wait({get, hangup}, return_when=asyncio.FIRST_COMPLETED)
+                            if hangup in done:
+                                get.cancel()
+                                return
+                            await _send(writer, {"line": get.result().rstrip("\n")})
+                    finally:
+                        hangup.cancel()
+                finally:
+                    if q is not None:
+                        sb.log.unsubscribe(q)
+            case StopReq():
+                await _send(writer, {"ok": True, "data": {"stopping": True}})
+                self._on_stop()
+                # Held open: the client learns the supervisor is gone when we close.
+                await reader.read()
+
+
+async def _send(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:
+    writer.write(json.dumps(obj).encode() + b"\n")
+    await writer.drain()
+
+
+class ControlClient:
+    """The CLI's side. Blocking and tiny: the CLI has no event loop of its own."""
+
+    def __init__(self, path: Path, timeout: float = 60.0) -> None:
+        self.path = path
+        self.timeout = timeout
+
+    def _connect(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(str(self.path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            s.close()
+            raise SupervisorNotRunning(self.path) from None
+        return s
+
+    def request(self, req: dict[str, Any]) -> dict[str, Any]:
+        with self._connect() as s:
+            s.sendall(json.dumps(req).encode() + b"\n")
+            f = s.makefile("rb")
+            line = f.readline()
+            if not line:
+                raise ConnectionError("the supervisor closed the connection without answering")
+            return json.loads(line)
+
+    def stream(self, req: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        s = self._connect()
+        s.settimeout(None)
+        with s:
+            s.sendall(json.dumps(req).encode() + b"\n")
+            for line in s.makefile("rb"):
+                yield json.loads(line)
+
+    def stop(self) -> None:
+        """Ask the supervisor to stop, and return once it has (it closes on exit)."""
+        with self._connect() as s:
+            s.settimeout(None)
+            s.sendall(b'{"op": "stop"}\n')
+            f = s.makefile("rb")
+            f.readline()
+            f.read()
+
+
+class SupervisorNotRunning(Exception):
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"no supervisor is running for this state directory (no answer on {path}); start one with `clawsup start`")

@@ -1,0 +1,109 @@
+"""One small tree of errors. Each `str()` is a sentence an operator can act on, and
+the model sees the same sentence as a tool result with `is_error` set."""
+
+from __future__ import annotations
+
+from sandbox.launcher import ExitStatus
+
+
+class ClawsupError(Exception):
+    """Base of every error clawsup raises on purpose."""
+
+    code = "error"
+
+
+class ConfigError(ClawsupError):
+    """The operator's config is wrong. Names the key path."""
+
+    code = "config"
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+
+class RegistrationRefused(ClawsupError):
+    """A registration the supervisor will not accept. For the plugin's author."""
+
+    code = "registration_refused"
+
+    def __init__(self, owner: str, name: str, reason: str) -> None:
+        self.owner = owner
+        self.name = name
+        self.reason = reason
+        super().__init__(f"plugin {owner!r} may not register tool {name!r}: {reason}")
+
+
+class ToolNotFound(ClawsupError):
+    code = "tool_not_found"
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        hint = f"; available tools: {', '.join(sorted(known))}" if known else "; no tools are registered"
+        super().__init__(f"no tool named {name!r} is registered{hint}")
+
+
+class ToolFailed(ClawsupError):
+    """The tool ran and reported an error (its handler raised, or its arguments were
+    refused). The sandbox is fine."""
+
+    code = "tool_failed"
+
+    def __init__(self, tool: str, owner: str, kind: str, message: str) -> None:
+        self.tool = tool
+        self.owner = owner
+        self.kind = kind
+        self.message = message
+        super().__init__(f"tool {tool!r} (plugin {owner!r}) failed: {message}")
+
+
+class ToolTimeout(ClawsupError):
+    code = "tool_timeout"
+
+    def __init__(self, tool: str, owner: str, sandbox_id: str, limit_s: float, consequence: str = "") -> None:
+        self.tool = tool
+        self.owner = owner
+        self.sandbox_id = sandbox_id
+        self.limit_s = limit_s
+        tail = f"; {consequence}" if consequence else ""
+        super().__init__(f"tool {tool!r} (plugin {owner!r}, sandbox {sandbox_id}) did not answer within its {limit_s:g} s timeout{tail}")
+
+
+class SandboxDied(ClawsupError):
+    """The child serving a call died. Carries what an operator needs to act."""
+
+    code = "sandbox_died"
+
+    def __init__(self, *, sandbox_id: str, plugin: str, status: ExitStatus, restarts_left: int | None, stderr_tail: list[str]) -> None:
+        self.sandbox_id = sandbox_id
+        self.plugin = plugin
+        self.status = status
+        self.restarts_left = restarts_left
+        self.stderr_tail = stderr_tail
+        if restarts_left is None:
+            nxt = ""
+        elif restarts_left > 0:
+            nxt = f"; {restarts_left} restart{'s' if restarts_left != 1 else ''} left"
+        else:
+            nxt = f"; no restarts left, it stays failed until `clawsup restart {sandbox_id}`"
+        super().__init__(f"plugin {plugin!r} (sandbox {sandbox_id}) {status.describe()}{nxt}; see `clawsup logs {sandbox_id}`")
+
+
+class SandboxUnavailable(ClawsupError):
+    """The sandbox exists but cannot take calls right now (starting, backoff, failed)."""
+
+    code = "sandbox_unavailable"
+
+    def __init__(self, sandbox_id: str, plugin: str, state: str, detail: str = "") -> None:
+        self.sandbox_id = sandbox_id
+        self.plugin = plugin
+        self.state = state
+        extra = f": {detail}" if detail else ""
+        super().__init__(f"plugin {plugin!r} (sandbox {sandbox_id}) is {state} and cannot take calls{extra}")
+
+
+class LaunchError(ClawsupError):
+    """A child could not be started or did not become ready."""
+
+    code = "launch_failed"

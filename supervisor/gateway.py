@@ -1,0 +1,136 @@
+"""The gateway process: config in, supervisor running, until SIGINT/SIGTERM or
+`clawsup stop`.
+
+Created by `clawsup start`; one per state directory (an flock on the pidfile keeps a
+second one out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
+
+from sandbox.cgroup import CgroupRoot
+from sandbox.process import ProcessLauncher
+from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, load_config
+from supervisor.control import ControlServer
+from supervisor.errors import ClawsupError
+from supervisor.lifecycle import Transition
+from supervisor.manager import SandboxManager
+from supervisor.paths import StatePaths
+from supervisor.plans import build_plans
+from supervisor.registry import Registry
+from supervisor.supervised import Timing
+
+START_TIMEOUT_S = 60.0
+
+
+class AlreadyRunning(ClawsupError):
+    code = "already_running"
+
+
+@dataclass(kw_only=True)
+class GatewayOptions:
+    config_path: Path | None
+    state_dir: Path
+    extra_plugins: list[Path] = field(default_factory=list)
+    on_transition: Callable[[Transition], None] | None = None
+    on_ready: Callable[[SandboxManager], None] | None = None
+
+
+def setup_logging(paths: StatePaths, *, console: bool = True, transitions_shown: bool = True) -> None:
+    """The supervisor's own log, with loguru. When the CLI prints lifecycle
+    transitions itself, the console sink leaves them out (the file keeps them)."""
+    logger.remove()
+    if console:
+        logger.add(
+            sys.stderr,
+            level="INFO",
+            format="<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> {message}",
+            filter=(lambda r: "transition" not in r["extra"]) if transitions_shown else None,
+        )
+    logger.add(paths.logs / "supervisor.log", level="DEBUG", rotation="10 MB", retention=5, enqueue=False)
+
+
+def _lock_pidfile(paths: StatePaths) -> int:
+    fd = os.open(paths.pidfile, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.read(fd, 32).decode().strip() or "?"
+        os.close(fd)
+        raise AlreadyRunning(f"a supervisor (pid {other}) already runs on {paths.root}; `clawsup stop` it first or use another --state-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+async def run_gateway(opts: GatewayOptions) -> int:
+    paths = StatePaths(opts.state_dir)
+    paths.ensure()
+    lock = _lock_pidfile(paths)
+    try:
+        cfg_path = opts.config_path or DEFAULT_CONFIG
+        cfg: ClawsupConfig = load_config(cfg_path)
+        plans = build_plans(cfg, config_source=str(cfg_path), config_dir=cfg_path.parent, extra_plugins=opts.extra_plugins)
+        cgroups = CgroupRoot.create()
+        if cgroups is None:
+            logger.warning(
+                "no writable cgroup: sandboxes get rlimits only. As root that leaves fork bombs uncontained "
+                "(RLIMIT_NPROC does not bind root); give clawsup a delegated cgroup or use the bwrap/docker backends"
+            )
+        s = cfg.sandbox
+        manager = SandboxManager(
+            registry=Registry(),
+            launcher=ProcessLauncher(cgroups),
+            paths=paths,
+            timing=Timing(
+                handshake_timeout_s=s.handshake_timeout_seconds,
+                heartbeat_interval_s=s.heartbeat_interval_seconds,
+                heartbeat_timeout_s=s.heartbeat_timeout_seconds,
+                heartbeat_misses=s.heartbeat_misses,
+                stop_grace_s=s.stop_grace_seconds,
+            ),
+            env_allowlist=s.env_allowlist,
+        )
+        for plan in plans:
+            sb = manager.add(plan)
+            if opts.on_transition is not None:
+                sb.lc.listeners.append(opts.on_transition)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        control = ControlServer(paths.control_socket, manager, stop.set)
+        await control.start()
+        logger.info("clawsup supervisor pid {} on {} ({} plugin(s))", os.getpid(), paths.root, len(plans))
+        ready = asyncio.Event()
+        # Bounded: each stop step has its grace, and a child that outlives them all is
+        # SIGKILLed; this is the outer bound on the whole shutdown.
+        stop_timeout = 3 * s.stop_grace_seconds + 2
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(manager.run(ready, stop, start_timeout=START_TIMEOUT_S, stop_timeout=stop_timeout))
+                await ready.wait()
+                if opts.on_ready is not None:
+                    opts.on_ready(manager)
+        finally:
+            await control.close()
+            manager.close()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        logger.info("clawsup supervisor stopped")
+        return 0
+    finally:
+        with contextlib.suppress(OSError):
+            paths.pidfile.unlink()
+        os.close(lock)

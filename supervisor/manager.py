@@ -1,0 +1,135 @@
+"""The sandbox manager: every plugin sandbox of this supervisor, the tasks that
+supervise them, and the route from a tool name to the sandbox that serves it.
+
+Created by the gateway; `run()` owns one task group with a `supervise()` task per
+sandbox and returns only after every child has stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from typing import Any
+
+from loguru import logger
+
+from sandbox.launcher import Launcher
+from supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound
+from supervisor.lifecycle import ALIVE, SandboxState
+from supervisor.paths import StatePaths
+from supervisor.registry import Kind, Registry
+from supervisor.sandbox_log import SandboxLog
+from supervisor.supervised import SandboxPlan, SupervisedSandbox, Timing, ToolResult
+
+S = SandboxState
+
+
+def child_env(allowlist: Iterable[str]) -> dict[str, str]:
+    """The only part of our environment a child sees. API keys and tokens stay here."""
+    return {k: os.environ[k] for k in allowlist if k in os.environ}
+
+
+class SandboxManager:
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        launcher: Launcher,
+        paths: StatePaths,
+        timing: Timing,
+        env_allowlist: Iterable[str],
+    ) -> None:
+        self.registry = registry
+        self._launcher = launcher
+        self._paths = paths
+        self._timing = timing
+        self._env = child_env(env_allowlist)
+        self._sockets = paths.host_sockets()
+        self.sandboxes: dict[str, SupervisedSandbox] = {}
+        self._logs: list[SandboxLog] = []
+
+    def add(self, plan: SandboxPlan) -> SupervisedSandbox:
+        log = SandboxLog(self._paths.sandbox_log(plan.sandbox_id))
+        self._logs.append(log)
+        sb = SupervisedSandbox(
+            plan,
+            launcher=self._launcher,
+            registry=self.registry,
+            timing=self._timing,
+            sandbox_root=self._paths.sandboxes / plan.sandbox_id,
+            run_root=self._sockets,
+            log=log,
+            env=self._env,
+            new_tokens=lambda: secrets.token_urlsafe(32),
+        )
+        self.sandboxes[plan.sandbox_id] = sb
+        return sb
+
+    def get(self, sandbox_id: str) -> SupervisedSandbox:
+        try:
+            return self.sandboxes[sandbox_id]
+        except KeyError:
+            known = ", ".join(sorted(self.sandboxes)) or "none"
+            raise SandboxUnavailable(sandbox_id, "?", "unknown", f"no such sandbox; known: {known}") from None
+
+    async def run(self, ready: asyncio.Event, stop: asyncio.Event, *, start_timeout: float, stop_timeout: float) -> None:
+        """Start every sandbox (in parallel), set `ready` once each has settled, and
+        run until `stop` is set; then stop them all and return."""
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(self._guard(sb), name=f"supervise {sb.id}") for sb in self.sandboxes.values()]
+            await asyncio.gather(*(self._first_start(sb, start_timeout) for sb in self.sandboxes.values()))
+            ready.set()
+            await stop.wait()
+            await self.stop_all(stop_timeout)
+            for t in tasks:
+                t.cancel()
+
+    async def _first_start(self, sb: SupervisedSandbox, timeout: float) -> None:
+        try:
+            await sb.start(timeout)
+        except TimeoutError:
+            logger.error("{}: not settled {:g} s after start; it goes on in the background", sb.id, timeout)
+
+    async def _guard(self, sb: SupervisedSandbox) -> None:
+        """A bug in one sandbox's supervision must not take the others down."""
+        try:
+            await sb.supervise()
+        except Exception:
+            logger.exception("{}: supervision failed; killing its child, it is no longer supervised", sb.id)
+            if sb.inc is not None:
+                sb.inc.child.kill_all()
+            self.registry.reclaim(sb.plan.plugin_id)
+
+    async def stop_all(self, timeout: float) -> None:
+        alive = [sb for sb in self.sandboxes.values() if sb.lc.state is not S.STOPPED]
+        results = await asyncio.gather(*(sb.stop("supervisor shutting down", timeout) for sb in alive), return_exceptions=True)
+        for sb, r in zip(alive, results):
+            if isinstance(r, BaseException):
+                logger.error("{}: did not stop within {:g} s ({}); killing everything it started", sb.id, timeout, type(r).__name__)
+                if sb.inc is not None:
+                    sb.inc.child.kill_all()
+
+    async def invoke(self, name: str, args: dict[str, Any] | str, timeout: float | None = None) -> ToolResult:
+        """The one path every tool call takes: the CLI's today, the agent loop's later."""
+        reg = self.registry.get(Kind.TOOL, name)
+        if reg is None:
+            raise ToolNotFound(name, [r.name for r in self.registry.tools()])
+        if reg.sandbox_id is None:
+            raise ToolFailed(name, reg.owner, "not_routable", "core tools are not served by a sandbox")
+        sb = self.sandboxes[reg.sandbox_id]
+        args_json = args if isinstance(args, str) else json.dumps(args)
+        return await sb.invoke(name, args_json, timeout)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [sb.status() for sb in self.sandboxes.values()]
+
+    def alive_pids(self) -> list[int]:
+        return [sb.inc.child.pid for sb in self.sandboxes.values() if sb.inc is not None and sb.lc.state in ALIVE]
+
+    def close(self) -> None:
+        for log in self._logs:
+            log.close()
+        self._launcher.close()

@@ -1,0 +1,79 @@
+"""Who holds which name. Every registration carries its owner, and an owner's
+registrations leave together.
+
+Created once by the gateway and shared by everything that registers or looks up:
+plugin sandboxes today, core tools and channels in later layers. Lives as long as the
+supervisor. Not thread-safe by design: only the supervisor's event loop touches it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+
+from supervisor.errors import RegistrationRefused
+
+CORE_OWNER = "core"
+
+
+class Kind(enum.Enum):
+    TOOL = "tool"
+    CHANNEL = "channel"
+    HOOK = "hook"
+    SERVICE = "service"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Registration:
+    kind: Kind
+    name: str
+    owner: str
+    """A plugin id, or `core`."""
+    sandbox_id: str | None
+    """The sandbox that serves it; None for core registrations."""
+    description: str = ""
+    input_schema: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Registry:
+    reserved: frozenset[str] = frozenset()
+    """Names that core tools hold or will hold; no plugin may take them."""
+    _by_key: dict[tuple[Kind, str], Registration] = field(default_factory=dict)
+
+    def register(self, reg: Registration, *, declared: frozenset[str] | None = None) -> Registration:
+        """Add one registration or raise `RegistrationRefused` (which the caller logs;
+        the owner's other registrations are unaffected). `declared` is the manifest's
+        contract for this kind; None means the owner is core and needs none."""
+        if declared is not None and reg.name not in declared:
+            raise RegistrationRefused(reg.owner, reg.name, f"its manifest does not declare it in contracts.{reg.kind.value}s")
+        if reg.owner != CORE_OWNER and reg.name in self.reserved:
+            raise RegistrationRefused(reg.owner, reg.name, "the name belongs to a core tool")
+        held = self._by_key.get((reg.kind, reg.name))
+        if held is not None:
+            raise RegistrationRefused(reg.owner, reg.name, f"plugin {held.owner!r} already holds it")
+        self._by_key[(reg.kind, reg.name)] = reg
+        return reg
+
+    def reclaim(self, owner: str) -> list[Registration]:
+        """Remove everything `owner` holds, in one step, and return it. Called on
+        every death of a sandbox, before its callers are told
+        (tests/test_faults.py asserts `tools list` is empty of it right after)."""
+        gone = [r for r in self._by_key.values() if r.owner == owner]
+        for r in gone:
+            del self._by_key[(r.kind, r.name)]
+        if gone:
+            logger.info("reclaimed {} registration(s) of {}: {}", len(gone), owner, ", ".join(r.name for r in gone))
+        return gone
+
+    def get(self, kind: Kind, name: str) -> Registration | None:
+        return self._by_key.get((kind, name))
+
+    def tools(self) -> list[Registration]:
+        return sorted((r for r in self._by_key.values() if r.kind is Kind.TOOL), key=lambda r: r.name)
+
+    def owned_by(self, owner: str) -> list[Registration]:
+        return [r for r in self._by_key.values() if r.owner == owner]

@@ -1,0 +1,585 @@
+"""One plugin's sandbox across all its incarnations: start, watch, kill, reclaim,
+restart.
+
+Created by the `SandboxManager` for each plugin it loads; its `supervise()` task is
+owned by the manager's task group and lives as long as the supervisor. Each
+incarnation (one child process) owns a task group of its own holding the bring-up,
+the heartbeat and the child's stream; when the child dies the group ends and nothing
+of that incarnation is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from loguru import logger
+
+from clawsup.v1 import host_pb2 as pb
+from sandbox.handshake import Handshake, HandshakeError, is_handshake, parse_handshake
+from sandbox.launcher import Child, ExitStatus, LaunchSpec, Launcher, Limits
+from sandbox.handshake import GatePayload
+from supervisor import child_requests
+from supervisor.errors import (
+    ClawsupError,
+    LaunchError,
+    RegistrationRefused,
+    SandboxDied,
+    SandboxUnavailable,
+    ToolFailed,
+    ToolTimeout,
+)
+from supervisor.host_client import HostAuthError, HostClient, ToolOutcome
+from supervisor.lifecycle import ALIVE, Lifecycle, RestartPolicy, SandboxState, Transition
+from supervisor.registry import Kind, Registration, Registry
+from supervisor.sandbox_log import LineSplitter, SandboxLog
+
+S = SandboxState
+SETTLED = frozenset({S.READY, S.CRASHED, S.BACKOFF, S.FAILED})
+READ_CHUNK = 64 * 1024
+DESCRIBE_TIMEOUT_S = 5.0
+SHUTDOWN_RPC_TIMEOUT_S = 0.5
+# The host answers TIMED_OUT itself at the call's timeout; the gRPC deadline leaves it
+# this long to say so before the supervisor stops waiting.
+TIMEOUT_MARGIN_S = 0.25
+OVERRUN_PROBE_TIMEOUT_S = 0.5
+# A transport error can reach a caller a moment before the pidfd says the child
+# exited; this is how long the caller waits for the exit status to name the death.
+DEATH_CONFIRM_S = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxPlan:
+    """Everything needed to run one plugin's sandbox, resolved from the operator's
+    config and the plugin's manifest."""
+
+    sandbox_id: str
+    plugin_id: str
+    plugin_dir: Path
+    declared_tools: frozenset[str]
+    plugin_config: dict[str, Any]
+    limits: Limits
+    restart: RestartPolicy
+    backend: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    handshake_timeout_s: float = 10.0
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 1.0
+    heartbeat_misses: int = 2
+    stop_grace_s: float = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolResult:
+    text: str
+    is_json: bool
+
+    def value(self) -> Any:
+        return json.loads(self.text) if self.is_json else self.text
+
+
+class Incarnation:
+    """One child process of a sandbox, from launch to reaping."""
+
+    def __init__(self, number: int, child: Child) -> None:
+        loop = asyncio.get_running_loop()
+        self.number = number
+        self.child = child
+        self.handshake: asyncio.Future[Handshake] = loop.create_future()
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.died: asyncio.Future[ExitStatus] = loop.create_future()
+        self.client: HostClient | None = None
+        self.inflight: set[Any] = set()
+        self.kill_reason: str | None = None
+        self.kill_task: asyncio.Task[None] | None = None
+        self.tg: asyncio.TaskGroup | None = None
+        self.call_ids = itertools.count(1)
+        self.pipes: dict[int, tuple[str, LineSplitter]] = {
+            child.stdout_fd: ("stdout", LineSplitter()),
+            child.stderr_fd: ("stderr", LineSplitter()),
+        }
+        """Output pipes still open, with their stream name and line splitter."""
+
+
+class SupervisedSandbox:
+    def __init__(
+        self,
+        plan: SandboxPlan,
+        *,
+        launcher: Launcher,
+        registry: Registry,
+        timing: Timing,
+        sandbox_root: Path,
+        run_root: Path,
+        log: SandboxLog,
+        env: dict[str, str],
+        new_tokens: Any,
+    ) -> None:
+        self.plan = plan
+        self.id = plan.sandbox_id
+        self._launcher = launcher
+        self._registry = registry
+        self._timing = timing
+        self._workspace = sandbox_root / "workspace"
+        self._run_dir = run_root / plan.sandbox_id
+        self.log = log
+        self._env = env
+        self._new_tokens = new_tokens
+        self.lc = Lifecycle(sandbox_id=plan.sandbox_id, policy=plan.restart)
+        self.lc.listeners.append(self._on_transition)
+        self.inc: Incarnation | None = None
+        self._incarnations = itertools.count(1)
+        self._start_wanted = asyncio.Event()
+        self._stop_wanted = False
+        self._changed = asyncio.Event()
+
+    # -- state, as others see it ---------------------------------------------------
+
+    def _on_transition(self, t: Transition) -> None:
+        self.log.event(f"{t.old.value} → {t.new.value}{f' ({t.why})' if t.why else ''}")
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_state(self, states: frozenset[SandboxState], timeout: float, *, after: int = -1) -> SandboxState:
+        """Wait until the sandbox is in one of `states`, reached by a transition
+        numbered above `after` (event-driven, bounded)."""
+        async with asyncio.timeout(timeout):
+            while self.lc.state not in states or self.lc.seq <= after:
+                await self._changed.wait()
+        return self.lc.state
+
+    @property
+    def pid(self) -> int | None:
+        return self.inc.child.pid if self.inc is not None and self.lc.state in ALIVE else None
+
+    def status(self) -> dict[str, Any]:
+        now = self.lc.clock()
+        inc = self.inc if self.lc.state in ALIVE else None
+        return {
+            "id": self.id,
+            "plugin": self.plan.plugin_id,
+            "backend": self.plan.backend,
+            "state": self.lc.state.value,
+            "pid": inc.child.pid if inc else None,
+            "restarts": self.lc.restarts,
+            "restarts_left": self.lc.restarts_left(),
+            "uptime_s": round(now - self.lc.started_at, 3) if self.lc.started_at is not None else None,
+            "rss_bytes": inc.child.rss_bytes() if inc else None,
+            "tools": [r.name for r in self._registry.owned_by(self.plan.plugin_id) if r.kind is Kind.TOOL],
+            "last_exit": self.lc.last_exit.to_json() if self.lc.last_exit else None,
+        }
+
+    # -- the supervision loop --------------------------------------------------------
+
+    def request_start(self) -> None:
+        self._start_wanted.set()
+
+    async def supervise(self) -> None:
+        """Runs for the supervisor's whole life. Each pass of the outer loop is one
+        start request (the first, or an operator's restart); the inner loop restarts
+        after crashes until the budget is spent or a stop is asked for."""
+        while True:
+            await self._start_wanted.wait()
+            self._start_wanted.clear()
+            self._stop_wanted = False
+            while True:
+                status, delay = await self._run_incarnation()
+                if self._stop_wanted:
+                    self.lc.enter(S.STOPPED, status.reason or "stopped")
+                    break
+                if delay is None:
+                    self.lc.enter(S.FAILED, f"{self.plan.restart.max_restarts} restarts within {self.plan.restart.period_s:g} s; `clawsup restart {self.id}` to try again")
+                    break
+                self.lc.enter(S.BACKOFF, f"restarting in {delay:g} s")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._start_wanted.wait()
+                self._start_wanted.clear()
+                if self._stop_wanted:
+                    self.lc.enter(S.STOPPED, "stopped during backoff")
+                    break
+                self.lc.restarts += 1
+
+    async def _run_incarnation(self) -> tuple[ExitStatus, float | None]:
+        number = next(self._incarnations)
+        self.lc.enter(S.STARTING, f"incarnation {number}")
+        try:
+            child = await self._launch()
+        except Exception as e:  # the launch itself failed: counts as a death
+            status = ExitStatus(reason=f"launch failed: {e}")
+            self.log.event(f"could not start the child: {e}")
+            logger.error("{}: could not start the child: {}", self.id, e)
+            delay = self.lc.record_death(status)
+            self.lc.enter(S.CRASHED, status.reason)
+            return status, delay
+        inc = Incarnation(number, child)
+        self.inc = inc
+        self.log.event(f"started pid {child.pid} (backend {self.plan.backend})")
+        self._start_pumps(inc)
+        exit_future = child.wait()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                inc.tg = tg
+                life = tg.create_task(self._life(inc), name=f"{self.id}#{number} life")
+                raw = await asyncio.shield(exit_future)
+                life.cancel()
+                return self._on_death(inc, raw)
+        finally:
+            self._stop_pumps(inc)
+            if inc.client is not None:
+                await inc.client.close()
+            child.close()
+
+    def _on_death(self, inc: Incarnation, raw: ExitStatus) -> tuple[ExitStatus, float | None]:
+        """The child has exited. Reclaim first, then tell the callers, then the log:
+        the order is what tests/test_faults.py checks."""
+        # Descendants may outlive the leader (a fork that called setsid, a grandchild
+        # still writing); the group and the cgroup go with it.
+        inc.child.kill_all()
+        reason = inc.kill_reason or inc.child.diagnose()
+        status = ExitStatus(code=raw.code, signal=raw.signal, reason=reason)
+        gone = self._registry.reclaim(self.plan.plugin_id)
+        draining = self.lc.state is S.DRAINING
+        delay = None if draining else self.lc.record_death(status)
+        inc.died.set_result(status)
+        for call in tuple(inc.inflight):
+            call.cancel()
+        if not inc.ready.done():
+            inc.ready.set_exception(self._died_error(status))
+            inc.ready.exception()  # retrieved: nobody may be waiting
+        self._drain_pumps(inc)
+        tools = f"; withdrew {', '.join(r.name for r in gone)}" if gone else ""
+        self.log.event(f"pid {inc.child.pid} {status.describe()}{tools}")
+        if draining:
+            logger.info("{}: pid {} {}", self.id, inc.child.pid, status.describe())
+        else:
+            tail = " | ".join(list(self.log.stderr_tail)[-3:])
+            logger.warning("{}: pid {} {}{}{}", self.id, inc.child.pid, status.describe(), tools, f"; last stderr: {tail}" if tail else "")
+            self.lc.enter(S.CRASHED, status.describe())
+        return status, delay
+
+    def _died_error(self, status: ExitStatus) -> SandboxDied:
+        return SandboxDied(
+            sandbox_id=self.id,
+            plugin=self.plan.plugin_id,
+            status=status,
+            restarts_left=self.lc.restarts_left(),
+            stderr_tail=list(self.log.stderr_tail)[-5:],
+        )
+
+    async def _launch(self) -> Child:
+        self._workspace.mkdir(parents=True, exist_ok=True)
+        (self._workspace / ".tmp").mkdir(exist_ok=True)
+        self._run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self._run_dir, 0o700)
+        supervisor_token, host_token = self._new_tokens(), self._new_tokens()
+        self._tokens = (supervisor_token, host_token)
+        env = dict(self._env)
+        env.update(HOME=str(self._workspace), TMPDIR=str(self._workspace / ".tmp"), MALLOC_ARENA_MAX="2")
+        spec = LaunchSpec(
+            sandbox_id=self.id,
+            plugin_dir=self.plan.plugin_dir,
+            workspace=self._workspace,
+            run_dir=self._run_dir,
+            limits=self.plan.limits,
+            env=env,
+            gate=GatePayload(
+                sandbox_id=self.id,
+                supervisor_token=supervisor_token,
+                host_token=host_token,
+                plugin_config=self.plan.plugin_config,
+            ),
+        )
+        return await self._launcher.launch(spec)
+
+    async def _life(self, inc: Incarnation) -> None:
+        """Bring-up, then heartbeat and stream, until the child dies (when the
+        incarnation cancels this). A bug here must cost this child, not the
+        supervisor: it is logged and the child killed."""
+        try:
+            await self._bring_up_and_serve(inc)
+        except Exception as e:
+            logger.exception("{}: supervisor error while serving pid {}", self.id, inc.child.pid)
+            self.kill(inc, f"supervisor error: {type(e).__name__}: {e}", polite=False)
+
+    async def _bring_up_and_serve(self, inc: Incarnation) -> None:
+        t = self._timing
+        try:
+            async with asyncio.timeout(t.handshake_timeout_s):
+                hs = await inc.handshake
+        except TimeoutError:
+            self.kill(inc, f"no handshake within {t.handshake_timeout_s:g} s", polite=False)
+            return
+        except HandshakeError as e:
+            self.kill(inc, f"bad handshake: {e}", polite=False)
+            return
+        inc.client = HostClient(hs.address, *self._tokens)
+        try:
+            if not await inc.client.health(timeout=t.handshake_timeout_s):
+                self.kill(inc, "health check did not say SERVING after the handshake", polite=False)
+                return
+            desc = await inc.client.describe(DESCRIBE_TIMEOUT_S)
+        except (grpc.aio.AioRpcError, HostAuthError) as e:
+            self.kill(inc, f"bring-up failed: {_rpc_text(e)}", polite=False)
+            return
+        if desc.plugin_id != self.plan.plugin_id:
+            self.kill(inc, f"host serves plugin {desc.plugin_id!r}, expected {self.plan.plugin_id!r}", polite=False)
+            return
+        self._accept(desc.tools)
+        self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
+        inc.ready.set_result(None)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._heartbeat(inc), name=f"{self.id}#{inc.number} heartbeat")
+            tg.create_task(self._serve_stream(inc), name=f"{self.id}#{inc.number} stream")
+
+    def _accept(self, tools: Any) -> None:
+        """The supervisor is the judge: a refused tool is logged, the rest stay."""
+        for spec in tools:
+            reg = Registration(
+                kind=Kind.TOOL,
+                name=spec.name,
+                owner=self.plan.plugin_id,
+                sandbox_id=self.id,
+                description=spec.description,
+                input_schema=spec.input_schema,
+            )
+            try:
+                self._registry.register(reg, declared=self.plan.declared_tools)
+            except RegistrationRefused as e:
+                self.log.event(f"refused: {e}")
+                logger.warning("{}: {}", self.id, e)
+
+    async def _heartbeat(self, inc: Incarnation) -> None:
+        t = self._timing
+        misses = 0
+        while True:
+            await asyncio.sleep(t.heartbeat_interval_s)
+            assert inc.client is not None
+            try:
+                serving = await inc.client.health(timeout=t.heartbeat_timeout_s)
+            except grpc.aio.AioRpcError:
+                misses += 1
+                if misses >= t.heartbeat_misses:
+                    self.kill(inc, f"hung: missed {misses} heartbeats ({t.heartbeat_timeout_s:g} s each)", polite=False)
+                    return
+                continue
+            misses = 0
+            if not serving:
+                self.kill(inc, "host reported NOT_SERVING (a handler overran its timeout and cannot be interrupted)", polite=False)
+                return
+
+    async def _serve_stream(self, inc: Incarnation) -> None:
+        assert inc.client is not None
+        outbox: asyncio.Queue[pb.SupervisorMessage] = asyncio.Queue(256)
+
+        async def outgoing() -> AsyncIterator[pb.SupervisorMessage]:
+            while True:
+                yield await outbox.get()
+
+        who = child_requests.Requester(sandbox_id=self.id, plugin_id=self.plan.plugin_id, log=self.log)
+        call = inc.client.connect(outgoing())
+        try:
+            await inc.client.check_stream(call)
+            async for msg in call:
+                if msg.HasField("request"):
+                    reply = child_requests.answer(who, msg.request)
+                    if reply is not None:
+                        await outbox.put(reply)
+        except (grpc.aio.AioRpcError, HostAuthError) as e:
+            # The stream ends when the child dies; the exit watcher reports that. A
+            # stream that fails while the child lives is worth a line.
+            if not inc.died.done():
+                self.log.event(f"child stream closed: {_rpc_text(e)}")
+        finally:
+            call.cancel()
+
+    # -- stopping and killing ------------------------------------------------------
+
+    def kill(self, inc: Incarnation, reason: str, *, polite: bool) -> None:
+        """Start the kill escalation for this incarnation, once. The escalation runs
+        as a task of the incarnation's group, so a cancelled caller cannot leave a
+        half-killed child (tests/test_faults.py::test_child_that_ignores_sigterm)."""
+        if inc.kill_reason is None:
+            inc.kill_reason = reason
+        if inc.kill_task is None and not inc.died.done() and inc.tg is not None:
+            self.log.event(f"killing pid {inc.child.pid}: {reason}")
+            inc.kill_task = inc.tg.create_task(self._escalate(inc, polite), name=f"{self.id}#{inc.number} kill")
+
+    async def _escalate(self, inc: Incarnation, polite: bool) -> None:
+        grace = self._timing.stop_grace_s
+        exited = inc.child.wait()
+        if polite and inc.client is not None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await inc.client.shutdown(inc.kill_reason or "", timeout=SHUTDOWN_RPC_TIMEOUT_S)
+            if await _within(exited, grace):
+                return
+            self.log.event(f"still running {grace:g} s after the Shutdown RPC; sending SIGTERM to its process group")
+        inc.child.signal_group(signal.SIGTERM)
+        if await _within(exited, grace):
+            return
+        self.log.event(f"still running {grace:g} s after SIGTERM; sending SIGKILL to everything it started")
+        inc.child.kill_all()
+
+    async def stop(self, reason: str, timeout: float) -> None:
+        """Stop this sandbox and keep it stopped: polite Shutdown, then SIGTERM, then
+        SIGKILL. Returns once it is `stopped`."""
+        self._stop_wanted = True
+        state = self.lc.state
+        if state in (S.STARTING, S.READY) and self.inc is not None:
+            self.lc.enter(S.DRAINING, reason)
+            self.kill(self.inc, reason, polite=state is S.READY)
+        elif state in (S.BACKOFF, S.FAILED):
+            if state is S.FAILED:
+                self.lc.enter(S.STOPPED, reason)
+            else:
+                self._start_wanted.set()
+        await self.wait_state(frozenset({S.STOPPED}), timeout)
+
+    async def restart(self, timeout: float) -> SandboxState:
+        """The operator's restart: stop if running, forget past deaths, start, and
+        return once ready (or whatever state the first attempt ends in)."""
+        if self.lc.state in (S.STARTING, S.READY, S.DRAINING, S.BACKOFF):
+            await self.stop("restart requested by operator", timeout)
+        self.lc.forgive()
+        return await self.start(timeout)
+
+    async def start(self, timeout: float) -> SandboxState:
+        """Ask for a start and return the first settled state it leads to: `ready`,
+        or `crashed`/`backoff`/`failed` if the child did not come up."""
+        seq = self.lc.seq
+        self.request_start()
+        return await self.wait_state(SETTLED, timeout, after=seq)
+
+    # -- calls -----------------------------------------------------------------------
+
+    async def invoke(self, tool: str, args_json: str, timeout: float | None) -> ToolResult:
+        inc = self.inc
+        if self.lc.state is not S.READY or inc is None or inc.client is None:
+            detail = f"last exit: {self.lc.last_exit.describe()}" if self.lc.last_exit else ""
+            raise SandboxUnavailable(self.id, self.plan.plugin_id, self.lc.state.value, detail)
+        limit = min(timeout, self.plan.limits.call_timeout_s) if timeout else self.plan.limits.call_timeout_s
+        call = inc.client.invoke(tool, args_json, f"{inc.number}-{next(inc.call_ids)}", limit, TIMEOUT_MARGIN_S)
+        inc.inflight.add(call)
+        try:
+            outcome = await inc.client.outcome(call)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if inc.died.done() and (task is None or not task.cancelling()):
+                # Cancelled by _on_death, not by our own caller.
+                raise self._died_error(inc.died.result()) from None
+            raise
+        except grpc.aio.AioRpcError as e:
+            raise await self._rpc_failure(inc, tool, limit, e) from None
+        except HostAuthError as e:
+            raise ToolFailed(tool, self.plan.plugin_id, "auth", str(e)) from None
+        finally:
+            inc.inflight.discard(call)
+        if outcome.ok:
+            return ToolResult(text=outcome.text, is_json=outcome.is_json)
+        if outcome.error_kind == "timed_out":
+            raise await self._overrun(inc, tool, limit)
+        if outcome.traceback:
+            self.log.write("clawsup", f"tool {tool!r} raised: {outcome.text}")
+        raise ToolFailed(tool, self.plan.plugin_id, outcome.error_kind, outcome.text)
+
+    async def _rpc_failure(self, inc: Incarnation, tool: str, limit: float, e: grpc.aio.AioRpcError) -> ClawsupError:
+        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return await self._overrun(inc, tool, limit)
+        # Most likely the child just died and the pidfd has not been read yet.
+        try:
+            async with asyncio.timeout(DEATH_CONFIRM_S):
+                status = await asyncio.shield(inc.died)
+            return self._died_error(status)
+        except TimeoutError:
+            return ToolFailed(tool, self.plan.plugin_id, "transport", f"the sandbox did not answer: {_rpc_text(e)}")
+
+    async def _overrun(self, inc: Incarnation, tool: str, limit: float) -> ToolTimeout:
+        """A call outlived its timeout. If the host is still healthy (an async handler
+        was cancelled in time) nothing else happens; if it is wedged or says
+        NOT_SERVING, it is killed now rather than at the next heartbeat."""
+        healthy = False
+        if inc.client is not None and not inc.died.done():
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                healthy = await inc.client.health(timeout=OVERRUN_PROBE_TIMEOUT_S)
+        if healthy or inc.died.done():
+            return ToolTimeout(tool, self.plan.plugin_id, self.id, limit)
+        self.kill(inc, f"tool {tool!r} overran its {limit:g} s timeout and could not be interrupted", polite=False)
+        return ToolTimeout(tool, self.plan.plugin_id, self.id, limit, "the handler could not be interrupted, so the sandbox is being restarted")
+
+    # -- output pumps ----------------------------------------------------------------
+
+    def _start_pumps(self, inc: Incarnation) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in inc.pipes:
+            loop.add_reader(fd, self._pump, inc, fd)
+
+    def _pump(self, inc: Incarnation, fd: int, limit: int = 1) -> None:
+        """Reads at most `limit` chunks: the loop stays fair to everyone else however
+        fast the child writes."""
+        stream, splitter = inc.pipes[fd]
+        for _ in range(limit):
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                asyncio.get_running_loop().remove_reader(fd)
+                del inc.pipes[fd]
+                for line, cut in splitter.flush():
+                    self._line(inc, stream, line, cut)
+                break
+            for line, cut in splitter.feed(data):
+                self._line(inc, stream, line, cut)
+        self.log.flush()
+
+    def _line(self, inc: Incarnation, stream: str, line: str, cut: bool) -> None:
+        if stream == "stdout" and not inc.handshake.done() and is_handshake(line):
+            try:
+                inc.handshake.set_result(parse_handshake(line))
+            except HandshakeError as e:
+                inc.handshake.set_exception(e)
+            self.log.write("clawsup", f"handshake: {line}")
+            return
+        self.log.write(stream, line, cut=cut)
+
+    def _drain_pumps(self, inc: Incarnation) -> None:
+        """After the exit, take what is still in the pipes (the traceback, the last
+        words), bounded, so that the log says why."""
+        for fd in tuple(inc.pipes):
+            self._pump(inc, fd, limit=64)
+
+    def _stop_pumps(self, inc: Incarnation) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in tuple(inc.pipes):
+            loop.remove_reader(fd)
+            del inc.pipes[fd]
+        self.log.flush()
+
+
+async def _within(fut: asyncio.Future[Any], seconds: float) -> bool:
+    try:
+        async with asyncio.timeout(seconds):
+            await asyncio.shield(fut)
+        return True
+    except TimeoutError:
+        return False
+
+
+def _rpc_text(e: BaseException) -> str:
+    if isinstance(e, grpc.aio.AioRpcError):
+        return f"{e.code().name}: {e.details()}"
+    return str(e)
