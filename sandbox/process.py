@@ -20,6 +20,7 @@ import sys
 import psutil
 from loguru import logger
 
+from sandbox import warden as _warden_module
 from sandbox.cgroup import Cgroup, CgroupRoot
 from sandbox.launcher import Child, ExitStatus, LaunchSpec, MiB
 
@@ -33,8 +34,9 @@ class ProcessChild:
     """One child process. Held by pidfd: PIDs wrap quickly here (pid_max 32768), and a
     pidfd can never name a different process."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int, socket_path: str, cgroup: Cgroup | None) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int, socket_path: str, cgroup: Cgroup | None, warden: Warden) -> None:
         self._popen = popen
+        self._warden = warden
         self.pid = popen.pid
         self._pidfd = pidfd
         self.socket_path = socket_path
@@ -117,6 +119,41 @@ class ProcessChild:
         if self._cgroup is not None:
             self._cgroup.kill_all()
             self._cgroup.remove()
+        self._warden.forget(self.pid)
+
+
+class Warden:
+    """Our handle on the warden process (see sandbox/warden.py). Owned by the
+    launcher; closing it tells the warden we left cleanly."""
+
+    def __init__(self) -> None:
+        self._popen = subprocess.Popen(
+            [sys.executable, "-I", "-S", _warden_module.__file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+        assert self._popen.stdin is not None
+        self._pipe = self._popen.stdin
+
+    def _send(self, line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._pipe.write(line.encode() + b"\n")
+            self._pipe.flush()
+
+    def watch(self, pgid: int, cgroup: Cgroup | None) -> None:
+        dirs = " ".join(str(d) for d in cgroup.dirs) if cgroup is not None else ""
+        self._send(f"add {pgid} {dirs}")
+
+    def forget(self, pgid: int) -> None:
+        self._send(f"del {pgid}")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._pipe.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout=5)
 
 
 class ProcessLauncher:
@@ -124,6 +161,7 @@ class ProcessLauncher:
 
     def __init__(self, cgroups: CgroupRoot | None) -> None:
         self._cgroups = cgroups
+        self._warden = Warden()
 
     async def launch(self, spec: LaunchSpec) -> Child:
         socket_path = str(spec.run_dir / "host.sock")
@@ -175,12 +213,14 @@ class ProcessLauncher:
             raise
         finally:
             os.close(gate_w)
-        child = ProcessChild(popen, pidfd, socket_path, cgroup)
+        self._warden.watch(popen.pid, cgroup)
+        child = ProcessChild(popen, pidfd, socket_path, cgroup, self._warden)
         os.set_blocking(child.stdout_fd, False)
         os.set_blocking(child.stderr_fd, False)
         return child
 
     def close(self) -> None:
+        self._warden.close()
         if self._cgroups is not None:
             self._cgroups.remove()
 

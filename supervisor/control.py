@@ -219,9 +219,11 @@ class ControlClient:
                 raise ConnectionError("the supervisor closed the connection without answering")
             return json.loads(line)
 
-    def stream(self, req: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def stream(self, req: dict[str, Any], timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """Send one request and yield every message the supervisor sends back.
+        `timeout` bounds each wait for the next message (None: wait for ever)."""
         s = self._connect()
-        s.settimeout(None)
+        s.settimeout(timeout)
         with s:
             s.sendall(json.dumps(req).encode() + b"\n")
             for line in s.makefile("rb"):

@@ -100,7 +100,11 @@ class SandboxUnavailable(ClawsupError):
         self.plugin = plugin
         self.state = state
         extra = f": {detail}" if detail else ""
-        super().__init__(f"plugin {plugin!r} (sandbox {sandbox_id}) is {state} and cannot take calls{extra}")
+        hint = {
+            "failed": f"; it crashed too often, fix the cause (`clawsup logs {sandbox_id}`) and run `clawsup restart {sandbox_id}`",
+            "backoff": "; it restarts by itself shortly",
+        }.get(state, "")
+        super().__init__(f"plugin {plugin!r} (sandbox {sandbox_id}) is {state} and cannot take calls{extra}{hint}")
 
 
 class LaunchError(ClawsupError):

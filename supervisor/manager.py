@@ -52,8 +52,12 @@ class SandboxManager:
         self._logs: list[SandboxLog] = []
 
     def add(self, plan: SandboxPlan) -> SupervisedSandbox:
+        """Add a plugin's sandbox (not started yet). Plugins added first win contested
+        tool names, so the outcome never depends on which child starts faster."""
         log = SandboxLog(self._paths.sandbox_log(plan.sandbox_id))
         self._logs.append(log)
+        for name, holder in self.registry.claim(plan.plugin_id, Kind.TOOL, plan.declared_tools).items():
+            log.event(f"tool {name!r} will be refused: plugin {holder!r} already holds it (loaded first)")
         sb = SupervisedSandbox(
             plan,
             launcher=self._launcher,
@@ -116,6 +120,10 @@ class SandboxManager:
         """The one path every tool call takes: the CLI's today, the agent loop's later."""
         reg = self.registry.get(Kind.TOOL, name)
         if reg is None:
+            for sb in self.sandboxes.values():
+                if name in sb.plan.declared_tools and sb.lc.state is not S.READY:
+                    detail = f"last exit: {sb.lc.last_exit.describe()}" if sb.lc.last_exit else ""
+                    raise SandboxUnavailable(sb.id, sb.plan.plugin_id, sb.lc.state.value, detail)
             raise ToolNotFound(name, [r.name for r in self.registry.tools()])
         if reg.sandbox_id is None:
             raise ToolFailed(name, reg.owner, "not_routable", "core tools are not served by a sandbox")

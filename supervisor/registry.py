@@ -43,6 +43,23 @@ class Registry:
     reserved: frozenset[str] = frozenset()
     """Names that core tools hold or will hold; no plugin may take them."""
     _by_key: dict[tuple[Kind, str], Registration] = field(default_factory=dict)
+    _claims: dict[tuple[Kind, str], str] = field(default_factory=dict)
+    """Which owner a declared name belongs to, decided by load order when the
+    plugins are added. Without it, plugins that start in parallel (or one that
+    restarts while another is down) would win a contested name by timing."""
+
+    def claim(self, owner: str, kind: Kind, names: frozenset[str]) -> dict[str, str]:
+        """Record `owner`'s declared names; return those another owner claimed first,
+        with that owner. Claims outlive the registrations (and reclaim)."""
+        lost = {}
+        for name in sorted(names):
+            if name in self.reserved:
+                lost[name] = CORE_OWNER
+                continue
+            holder = self._claims.setdefault((kind, name), owner)
+            if holder != owner:
+                lost[name] = holder
+        return lost
 
     def register(self, reg: Registration, *, declared: frozenset[str] | None = None) -> Registration:
         """Add one registration or raise `RegistrationRefused` (which the caller logs;
@@ -53,8 +70,11 @@ class Registry:
         if reg.owner != CORE_OWNER and reg.name in self.reserved:
             raise RegistrationRefused(reg.owner, reg.name, "the name belongs to a core tool")
         held = self._by_key.get((reg.kind, reg.name))
-        if held is not None:
+        if held is not None and held.owner != reg.owner:
             raise RegistrationRefused(reg.owner, reg.name, f"plugin {held.owner!r} already holds it")
+        claimant = self._claims.get((reg.kind, reg.name), reg.owner)
+        if claimant != reg.owner:
+            raise RegistrationRefused(reg.owner, reg.name, f"plugin {claimant!r} already holds it (loaded first)")
         self._by_key[(reg.kind, reg.name)] = reg
         return reg
 

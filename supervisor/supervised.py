@@ -55,6 +55,7 @@ OVERRUN_PROBE_TIMEOUT_S = 0.5
 # A transport error can reach a caller a moment before the pidfd says the child
 # exited; this is how long the caller waits for the exit status to name the death.
 DEATH_CONFIRM_S = 2.0
+FAULT_KILL_GRACE_S = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,7 +249,7 @@ class SupervisedSandbox:
         # Descendants may outlive the leader (a fork that called setsid, a grandchild
         # still writing); the group and the cgroup go with it.
         inc.child.kill_all()
-        reason = inc.kill_reason or inc.child.diagnose()
+        reason = "; ".join(r for r in (inc.kill_reason, inc.child.diagnose()) if r)
         status = ExitStatus(code=raw.code, signal=raw.signal, reason=reason)
         gone = self._registry.reclaim(self.plan.plugin_id)
         draining = self.lc.state is S.DRAINING
@@ -418,7 +419,9 @@ class SupervisedSandbox:
             inc.kill_task = inc.tg.create_task(self._escalate(inc, polite), name=f"{self.id}#{inc.number} kill")
 
     async def _escalate(self, inc: Incarnation, polite: bool) -> None:
-        grace = self._timing.stop_grace_s
+        # A child killed for a fault (hung, wedged, bombing) is not going to tidy up;
+        # it gets a short SIGTERM grace, a polite stop the full one.
+        grace = self._timing.stop_grace_s if polite else min(self._timing.stop_grace_s, FAULT_KILL_GRACE_S)
         exited = inc.child.wait()
         if polite and inc.client is not None:
             with contextlib.suppress(grpc.aio.AioRpcError):

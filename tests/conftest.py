@@ -1,0 +1,216 @@
+"""Real supervisors for the tests: `clawsup start` as a child process on a fresh
+state directory, driven through its control socket and its CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from supervisor.control import ControlClient
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = ROOT / "plugins"
+TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+CLAWSUP = [sys.executable, "-m", "supervisor.cli"]
+READY_MARK = "control socket"
+
+
+def cgroups_available() -> bool:
+    from sandbox.cgroup import CgroupRoot
+
+    root = CgroupRoot.create()
+    if root is None:
+        return False
+    root.remove()
+    return True
+
+
+def require_kernel_limits(what: str) -> None:
+    """Fork and memory bombs only run where a cgroup holds them. In CI a missing
+    cgroup is a failure, never a silent skip."""
+    if cgroups_available():
+        return
+    if IN_CI:
+        pytest.fail(f"{what} needs a writable cgroup (pids and memory) and CI must provide one")
+    pytest.skip(f"{what} needs a writable cgroup; refusing to run it unconfined")
+
+
+def make_config(**overrides: Any) -> dict[str, Any]:
+    """A config tuned for tests: quick backoff and heartbeat, short graces."""
+    cfg: dict[str, Any] = {
+        "plugins": {"load": {"paths": [str(PLUGINS / "basics")]}, "entries": {}},
+        "sandbox": {
+            "defaults": {"restart": {"maxRestarts": 3, "periodSeconds": 60, "backoffInitialSeconds": 0.1, "backoffMaxSeconds": 1}},
+            "handshakeTimeoutSeconds": 10,
+            "heartbeatIntervalSeconds": 0.5,
+            "heartbeatTimeoutSeconds": 0.5,
+            "heartbeatMisses": 2,
+            "stopGraceSeconds": 1,
+        },
+    }
+    for path, value in overrides.items():
+        node = cfg
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return cfg
+
+
+class Gateway:
+    """One running `clawsup start`."""
+
+    def __init__(self, state: Path, config: dict[str, Any], extra_plugins: list[Path], env: dict[str, str] | None = None) -> None:
+        self.state = state
+        self.config_path = state / "clawsup.json"
+        self.config_path.write_text(json.dumps(config, indent=2))
+        argv = [*CLAWSUP, "start", "--config", str(self.config_path), "--state-dir", str(state)]
+        for p in extra_plugins:
+            argv += ["--plugin", str(p)]
+        self.output: list[str] = []
+        self._ready = threading.Event()
+        full_env = {**os.environ, "COLUMNS": "400", **(env or {})}
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._ready.wait(60):
+            self.kill()
+            raise AssertionError("supervisor did not become ready in 60 s:\n" + "".join(self.output[-50:]))
+        if self.proc.poll() is not None:
+            raise AssertionError(f"supervisor exited with {self.proc.returncode}:\n" + "".join(self.output[-50:]))
+        self.client = ControlClient(state / "run" / "control.sock")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if READY_MARK in line:
+                self._ready.set()
+        self._ready.set()
+
+    # -- control API -------------------------------------------------------------
+    def request(self, **req: Any) -> dict[str, Any]:
+        return self.client.request(req)
+
+    def call(self, name: str, args: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
+        req: dict[str, Any] = {"op": "call", "name": name, "args": args or {}}
+        if timeout is not None:
+            req["timeout"] = timeout
+        return self.client.request(req)
+
+    def tools(self) -> dict[str, str]:
+        return {t["name"]: t["owner"] for t in self.request(op="tools")["data"]["tools"]}
+
+    def status(self, sandbox: str) -> dict[str, Any]:
+        for s in self.request(op="status")["data"]["sandboxes"]:
+            if s["id"] == sandbox:
+                return s
+        raise KeyError(sandbox)
+
+    def wait(self, sandbox: str, *states: str, timeout: float = 20) -> str:
+        resp = self.request(op="wait", sandbox=sandbox, states=list(states), timeout=timeout)
+        assert resp["ok"], f"{sandbox} never reached {states}: {resp}"
+        return resp["data"]["state"]
+
+    def wait_log(self, sandbox: str, text: str, timeout: float = 20) -> str:
+        """Follow the sandbox's log (as `clawsup logs -f` does) until a line
+        containing `text` arrives; bounded by `timeout`."""
+        follower = ControlClient(self.client.path, timeout=timeout)
+        stream = follower.stream({"op": "logs", "sandbox": sandbox, "n": 1000, "follow": True}, timeout=timeout)
+        first = next(stream)
+        for line in first["data"]["lines"]:
+            if text in line:
+                stream.close()
+                return line
+        for msg in stream:
+            if text in msg["line"]:
+                stream.close()
+                return msg["line"]
+        raise AssertionError(f"log of {sandbox} ended without {text!r}")
+
+    def log(self, sandbox: str) -> str:
+        return (self.state / "logs" / f"{sandbox}.log").read_text(errors="replace")
+
+    def supervisor_log(self) -> str:
+        return (self.state / "logs" / "supervisor.log").read_text(errors="replace")
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLAWSUP, *args, "--state-dir", str(self.state)], capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "400"}
+        )
+
+    # -- process -----------------------------------------------------------------
+    def host_pids(self) -> list[int]:
+        """Every live sandbox host of this supervisor (its socket lives under our
+        state directory)."""
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "sandbox.host" in cmd and str(self.state) in cmd:
+                out.append(p.pid)
+        return out
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    # Short on purpose: unix socket paths hold 108 bytes.
+    d = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def gateway_factory(state_dir: Path) -> Iterator[Any]:
+    started: list[Gateway] = []
+
+    def start(config: dict[str, Any] | None = None, plugins: list[Path] | None = None, env: dict[str, str] | None = None) -> Gateway:
+        gw = Gateway(state_dir, config or make_config(), plugins or [], env)
+        started.append(gw)
+        return gw
+
+    yield start
+    for gw in started:
+        try:
+            gw.stop()
+        except Exception:
+            gw.kill()
+
+
+def wait_gone(pids: list[int], timeout: float = 10) -> list[int]:
+    """Wait (event-driven, bounded) for processes to exit; return the survivors."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
