@@ -33,6 +33,7 @@ def _log(who: Requester, payload: dict[str, Any]) -> dict[str, Any]:
     message = str(payload.get("message", ""))[:MAX_LOG_MESSAGE]
     for line in message.splitlines() or [""]:
         who.log.write("plugin", f"{level.upper()} {line}")
+    who.log.flush()
     return {}
 
 
@@ -51,6 +52,6 @@ def answer(who: Requester, req: pb.HostRequest) -> pb.SupervisorMessage | None:
         result = handler(who, payload)
         reply = pb.SupervisorReply(id=req.id, ok=True, payload_json=json.dumps(result))
     except (PermissionError, ValueError) as e:
-        who.log.write("clawsup", f"refused request {req.method!r} from the plugin: {e}")
+        who.log.event(f"refused request {req.method!r} from the plugin: {e}")
         reply = pb.SupervisorReply(id=req.id, ok=False, error=str(e))
     return pb.SupervisorMessage(reply=reply) if req.id else None

@@ -85,6 +85,7 @@ class SandboxLog:
         self._emit(f"{timestamp()} [{stream}] {text}{' ⏎…' if cut else ''}\n")
 
     def event(self, text: str) -> None:
+        """Our own line about this sandbox: never dropped, on disk at once."""
         self.write("clawsup", text)
         self.flush()
 

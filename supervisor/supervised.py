@@ -494,7 +494,7 @@ class SupervisedSandbox:
         if outcome.error_kind == "timed_out":
             raise await self._overrun(inc, tool, limit)
         if outcome.traceback:
-            self.log.write("clawsup", f"tool {tool!r} raised: {outcome.text}")
+            self.log.event(f"tool {tool!r} raised: {outcome.text}")
         raise ToolFailed(tool, self.plan.plugin_id, outcome.error_kind, outcome.text)
 
     async def _rpc_failure(self, inc: Incarnation, tool: str, limit: float, e: grpc.aio.AioRpcError) -> ClawsupError:

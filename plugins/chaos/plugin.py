@@ -129,6 +129,15 @@ def chaos_spawn(args: dict) -> dict:
     return {"pid": p.pid}
 
 
+def chaos_write(args: dict) -> str:
+    """Write `mb` MiB to a file in the workspace (to meet the file size limit)."""
+    path = Path(args.get("name", "big.bin"))
+    with open(path, "wb") as f:
+        for _ in range(int(args.get("mb", 10))):
+            f.write(b"\0" * (1024 * 1024))
+    return f"wrote {path.stat().st_size} bytes"
+
+
 def chaos_ok(args: dict) -> dict:
     return {"pid": os.getpid(), "ok": True}
 
@@ -182,7 +191,7 @@ def clawsup_register(api) -> None:
         except Exception as e:
             return {"ok": False, "error": f"{type(e).__name__}: {e}"}
 
-    for fn in (chaos_ok, chaos_probe, chaos_crash, chaos_raise, chaos_spin, chaos_hang, chaos_sleep, chaos_alloc,
+    for fn in (chaos_ok, chaos_probe, chaos_write, chaos_crash, chaos_raise, chaos_spin, chaos_hang, chaos_sleep, chaos_alloc,
                chaos_forkbomb, chaos_flood, chaos_ignore_sigterm, chaos_spawn, chaos_ask):  # fmt: skip
         api.register_tool(name=fn.__name__, description=(fn.__doc__ or fn.__name__).strip().splitlines()[0], handler=fn)
     if on_register == "undeclared_tool":

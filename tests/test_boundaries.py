@@ -1,0 +1,46 @@
+"""The supervisor never runs plugin code: it imports neither plugins/, nor the
+child's runtime (sandbox.host, sandbox.api), nor pluggy."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = ("plugins", "sandbox.host", "sandbox.api", "pluggy")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def _forbidden(name: str) -> bool:
+    return any(name == f or name.startswith(f + ".") for f in FORBIDDEN)
+
+
+def test_supervisor_source_imports_no_plugin_code() -> None:
+    supervisor_side = list((ROOT / "supervisor").rglob("*.py"))
+    # The launch backends run in the supervisor too.
+    supervisor_side += [p for p in (ROOT / "sandbox").glob("*.py") if p.name not in ("api.py",)]
+    bad = {str(p.relative_to(ROOT)): sorted(i for i in _imports(p) if _forbidden(i)) for p in supervisor_side}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_running_supervisor_modules_load_no_plugin_code() -> None:
+    code = (
+        "import sys, supervisor.cli, supervisor.gateway, supervisor.manager, supervisor.control;"
+        "print(sorted(m for m in sys.modules if m == 'pluggy' or m.startswith(('sandbox.host', 'sandbox.api', 'plugins'))))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
