@@ -20,7 +20,7 @@ dial that comes too early. Lines before it are plugin noise: logged, not fatal.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 MAGIC = "CLAWSUP"
@@ -64,27 +64,21 @@ def parse_handshake(line: str) -> Handshake:
 
 @dataclass(frozen=True, kw_only=True)
 class GatePayload:
+    """What the supervisor tells a child on its start gate. The plugin's identity and
+    entry come from the manifest the supervisor already judged, so the child needs no
+    manifest parser (and no pydantic) of its own."""
+
     sandbox_id: str
     supervisor_token: str
     host_token: str
+    plugin_id: str
+    plugin_version: str
+    entry: str
     plugin_config: dict[str, Any]
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "sandbox_id": self.sandbox_id,
-                "supervisor_token": self.supervisor_token,
-                "host_token": self.host_token,
-                "plugin_config": self.plugin_config,
-            }
-        ).encode()
+        return json.dumps(asdict(self)).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> GatePayload:
-        d = json.loads(raw)
-        return cls(
-            sandbox_id=d["sandbox_id"],
-            supervisor_token=d["supervisor_token"],
-            host_token=d["host_token"],
-            plugin_config=d["plugin_config"],
-        )
+        return cls(**json.loads(raw))

@@ -37,7 +37,7 @@ class Description:
     tools: tuple[ToolSpec, ...]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ToolOutcome:
     ok: bool
     text: str
@@ -70,8 +70,10 @@ class HostClient:
         self._md = ((TOKEN_METADATA_KEY, supervisor_token),)
         self._host_token = host_token
 
-    async def _check_host(self, call: Any) -> None:
-        md = await call.initial_metadata()
+    async def _check_host(self, call: Any, *, trailing: bool = True) -> None:
+        """Unary answers carry the host token in trailing metadata, the stream in its
+        initial metadata (see sandbox/host/server.py)."""
+        md = await (call.trailing_metadata() if trailing else call.initial_metadata())
         if md is None or md.get(HOST_TOKEN_METADATA_KEY) != self._host_token:
             raise HostAuthError("the host's answer lacks its token; refusing it")
 
@@ -110,7 +112,9 @@ class HostClient:
         return ToolOutcome(ok=True, text=resp.result, is_json=resp.result_is_json)
 
     async def shutdown(self, reason: str, timeout: float) -> None:
-        await self._stub.Shutdown(pb.ShutdownRequest(reason=reason), timeout=timeout, metadata=self._md)
+        call = self._stub.Shutdown(pb.ShutdownRequest(reason=reason), timeout=timeout, metadata=self._md)
+        await call
+        await self._check_host(call)
 
     def connect(self, outgoing: AsyncIterator[pb.SupervisorMessage]) -> Any:
         """Opens the child's long-lived stream. No deadline: it lives as long as the
@@ -118,7 +122,7 @@ class HostClient:
         return self._stub.Connect(outgoing, metadata=self._md)
 
     async def check_stream(self, call: Any) -> None:
-        await self._check_host(call)
+        await self._check_host(call, trailing=False)
 
     async def close(self) -> None:
         await self.channel.close(grace=None)

@@ -104,6 +104,8 @@ def _plan(manifest: Manifest, folder: Path, plugin_config: dict[str, Any], r: Sa
         sandbox_id=manifest.id,
         plugin_id=manifest.id,
         plugin_dir=folder,
+        plugin_version=manifest.version,
+        entry=manifest.entry,
         declared_tools=frozenset(manifest.contracts.tools),
         plugin_config=plugin_config,
         limits=Limits(

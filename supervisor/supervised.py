@@ -66,6 +66,8 @@ class SandboxPlan:
     sandbox_id: str
     plugin_id: str
     plugin_dir: Path
+    plugin_version: str
+    entry: str
     declared_tools: frozenset[str]
     plugin_config: dict[str, Any]
     limits: Limits
@@ -82,7 +84,7 @@ class Timing:
     stop_grace_s: float = 2.0
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ToolResult:
     text: str
     is_json: bool
@@ -288,7 +290,7 @@ class SupervisedSandbox:
         supervisor_token, host_token = self._new_tokens(), self._new_tokens()
         self._tokens = (supervisor_token, host_token)
         env = dict(self._env)
-        env.update(HOME=str(self._workspace), TMPDIR=str(self._workspace / ".tmp"), MALLOC_ARENA_MAX="2")
+        env.update(HOME=str(self._workspace), TMPDIR=str(self._workspace / ".tmp"))
         spec = LaunchSpec(
             sandbox_id=self.id,
             plugin_dir=self.plan.plugin_dir,
@@ -300,6 +302,9 @@ class SupervisedSandbox:
                 sandbox_id=self.id,
                 supervisor_token=supervisor_token,
                 host_token=host_token,
+                plugin_id=self.plan.plugin_id,
+                plugin_version=self.plan.plugin_version,
+                entry=self.plan.entry,
                 plugin_config=self.plan.plugin_config,
             ),
         )

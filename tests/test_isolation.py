@@ -89,7 +89,7 @@ def test_supervisor_refuses_a_host_without_the_host_token() -> None:
         (root / "ws").mkdir()
         (root / "run").mkdir(mode=0o700)
         launcher = ProcessLauncher(CgroupRoot.create())
-        gate = GatePayload(sandbox_id="t", supervisor_token="sup-token", host_token="host-token", plugin_config={})
+        gate = GatePayload(sandbox_id="t", supervisor_token="sup-token", host_token="host-token", plugin_id="basics", plugin_version="1", entry="plugin.py", plugin_config={})
         spec = LaunchSpec(sandbox_id="t", plugin_dir=PLUGINS / "basics", workspace=root / "ws", run_dir=root / "run", limits=Limits(), env={"PATH": os.environ["PATH"]}, gate=gate)
         child = await launcher.launch(spec)
         try:

@@ -12,18 +12,16 @@ from typing import Any
 import pluggy
 
 from sandbox.api import PROJECT_NAME, PluginApi, PluginSpec
-from sandbox.manifest import Manifest
 
 
-def import_entry(folder: Path, manifest: Manifest) -> ModuleType:
+def import_entry(folder: Path, plugin_id: str, entry: str) -> ModuleType:
     # The plugin may import its sibling modules by name.
     sys.path.insert(0, str(folder))
-    entry = manifest.entry
     if entry.endswith(".py"):
         path = (folder / entry).resolve()
         if not path.is_relative_to(folder.resolve()):
             raise ImportError(f"entry {entry!r} points outside the plugin folder")
-        name = f"clawsup_plugin_{manifest.id.replace('-', '_')}"
+        name = f"clawsup_plugin_{plugin_id.replace('-', '_')}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot load entry file {path}")
@@ -34,14 +32,14 @@ def import_entry(folder: Path, manifest: Manifest) -> ModuleType:
     return importlib.import_module(entry)
 
 
-def load_plugin(folder: Path, manifest: Manifest, config: dict[str, Any], workspace: Path) -> PluginApi:
+def load_plugin(folder: Path, plugin_id: str, entry: str, config: dict[str, Any], workspace: Path) -> PluginApi:
     """Import the entry module and run its `clawsup_register`. Whatever it raises
     propagates: the host then exits before the handshake, with the traceback on
     stderr, which is where an author looks."""
     pm = pluggy.PluginManager(PROJECT_NAME)
     pm.add_hookspecs(PluginSpec)
-    module = import_entry(folder, manifest)
-    pm.register(module, name=manifest.id)
-    api = PluginApi(plugin_id=manifest.id, config=config, workspace=workspace)
+    module = import_entry(folder, plugin_id, entry)
+    pm.register(module, name=plugin_id)
+    api = PluginApi(plugin_id=plugin_id, config=config, workspace=workspace)
     pm.hook.clawsup_register(api=api)
     return api

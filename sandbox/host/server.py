@@ -25,7 +25,6 @@ from sandbox.api import PluginApi, Tool
 from sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY, GatePayload, format_handshake
 from sandbox.host.link import SupervisorLink
 from sandbox.host.loader import load_plugin
-from sandbox.manifest import load_manifest
 
 PROTOCOL = "clawsup.v1"
 # Sync handlers run here. Threads, not processes: the sandbox is the isolation unit.
@@ -33,23 +32,37 @@ HANDLER_THREADS = 8
 Kind = pb.ToolFailure.Kind
 
 
-class _TokenCheck(grpc.aio.ServerInterceptor):
-    """Refuses every call that does not carry the supervisor's token, health checks
-    included: only the supervisor has any business on this socket."""
+def _authorized(context: grpc.aio.ServicerContext, token: str) -> bool:
+    for key, value in context.invocation_metadata() or ():
+        if key == TOKEN_METADATA_KEY:
+            return value == token
+    return False
+
+
+# The token is checked in each handler rather than by a server interceptor: an
+# aio interceptor adds a coroutine hop to every call, measurable against the
+# 1.3x-of-bare-echo budget for a tool call (scripts/bench.py figure a).
+UNAUTHENTICATED = "missing or wrong clawsup token"
+
+
+class _GuardedHealth(health.aio.HealthServicer):
+    """The standard health service, refusing callers without the token: only the
+    supervisor has any business on this socket."""
 
     def __init__(self, token: str) -> None:
+        super().__init__()
         self._token = token
 
-        async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong clawsup token")
+    async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not _authorized(context, self._token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        return await super().Check(request, context)
 
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        for key, value in details.invocation_metadata or ():
-            if key == TOKEN_METADATA_KEY and value == self._token:
-                return await continuation(details)
-        return self._deny
+    async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not _authorized(context, self._token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        async for item in super().Watch(request, context):
+            yield item
 
 
 class HostServicer(pb_grpc.HostServicer):
@@ -60,9 +73,11 @@ class HostServicer(pb_grpc.HostServicer):
         plugin_version: str,
         link: SupervisorLink,
         health_servicer: health.aio.HealthServicer,
+        supervisor_token: str,
         host_token: str,
         stop: asyncio.Event,
     ) -> None:
+        self._token = supervisor_token
         self._api = api
         self._version = plugin_version
         self._link = link
@@ -75,8 +90,14 @@ class HostServicer(pb_grpc.HostServicer):
         # replaces it (tests/test_faults.py::test_endless_loop_in_handler).
         self._overrun: set[str] = set()
 
+    # Unary answers carry the host token in trailing metadata: it travels with the
+    # status in one batch, where initial metadata would cost a batch of its own
+    # (about 0.1 ms a call here; scripts/bench.py figure a).
+
     async def Describe(self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext) -> pb.DescribeResponse:
-        await context.send_initial_metadata(self._host_md)
+        if not _authorized(context, self._token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        context.set_trailing_metadata(self._host_md)
         tools = [
             pb.ToolSpec(name=t.name, description=t.description, input_schema_json=json.dumps(t.input_schema))
             for t in self._api.tools.values()
@@ -86,7 +107,9 @@ class HostServicer(pb_grpc.HostServicer):
         )
 
     async def InvokeTool(self, request: pb.InvokeToolRequest, context: grpc.aio.ServicerContext) -> pb.InvokeToolResponse:
-        await context.send_initial_metadata(self._host_md)
+        if not _authorized(context, self._token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        context.set_trailing_metadata(self._host_md)
         tool = self._api.tools.get(request.name)
         if tool is None:
             return _failure(Kind.UNKNOWN_TOOL, f"no tool named {request.name!r} in plugin {self._api.plugin_id!r}")
@@ -98,7 +121,12 @@ class HostServicer(pb_grpc.HostServicer):
             return _failure(Kind.BAD_ARGUMENTS, f"arguments must be a JSON object, got {type(args).__name__}")
         timeout = request.timeout_ms / 1000 if request.timeout_ms else None
         try:
-            value = await self._run(tool, args, timeout, request.call_id)
+            if tool.is_async:
+                # No timer of our own: at the deadline gRPC cancels this task, and
+                # the supervisor reports the timeout.
+                value = await tool.handler(args)  # type: ignore[misc]
+            else:
+                value = await self._run_sync(tool, args, timeout, request.call_id)
         except TimeoutError:
             return _failure(Kind.TIMED_OUT, f"tool {tool.name!r} did not finish within {timeout:g} s")
         except Exception as e:
@@ -112,10 +140,7 @@ class HostServicer(pb_grpc.HostServicer):
         except (TypeError, ValueError) as e:
             return _failure(Kind.BAD_RESULT, f"tool {tool.name!r} returned a {type(value).__name__}, which is neither str nor JSON-able: {e}")
 
-    async def _run(self, tool: Tool, args: dict[str, Any], timeout: float | None, call_id: str) -> Any:
-        if tool.is_async:
-            async with asyncio.timeout(timeout):
-                return await tool.handler(args)  # type: ignore[misc]
+    async def _run_sync(self, tool: Tool, args: dict[str, Any], timeout: float | None, call_id: str) -> Any:
         fut = asyncio.get_running_loop().run_in_executor(self._pool, tool.handler, args)
         try:
             async with asyncio.timeout(timeout):
@@ -138,12 +163,16 @@ class HostServicer(pb_grpc.HostServicer):
         fut.add_done_callback(finished)
 
     async def Shutdown(self, request: pb.ShutdownRequest, context: grpc.aio.ServicerContext) -> pb.ShutdownResponse:
-        await context.send_initial_metadata(self._host_md)
+        if not _authorized(context, self._token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        context.set_trailing_metadata(self._host_md)
         print(f"shutdown requested by the supervisor: {request.reason or 'no reason given'}", file=sys.stderr, flush=True)
         self._stop.set()
         return pb.ShutdownResponse()
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        if not _authorized(context, self._token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
         await context.send_initial_metadata(self._host_md)
         # The stream ends when the supervisor closes it or when we are told to stop;
         # otherwise it would hold server.stop() for its whole grace period.
@@ -162,24 +191,21 @@ def _failure(kind: int, message: str, tb: str = "") -> pb.InvokeToolResponse:
 
 async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
     loop = asyncio.get_running_loop()
-    manifest = load_manifest(plugin_dir)
     link = SupervisorLink(loop)
-    api = load_plugin(plugin_dir, manifest, gate.plugin_config, Path.cwd())
+    api = load_plugin(plugin_dir, gate.plugin_id, gate.entry, gate.plugin_config, Path.cwd())
     api._outbox = link.request
     api._post = link.post
 
     stop = asyncio.Event()
-    health_servicer = health.aio.HealthServicer()
-    server = grpc.aio.server(
-        interceptors=[_TokenCheck(gate.supervisor_token)],
-        options=[("grpc.so_reuseport", 0)],
-    )
+    health_servicer = _GuardedHealth(gate.supervisor_token)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_HostServicer_to_server(
         HostServicer(
             api=api,
-            plugin_version=manifest.version,
+            plugin_version=gate.plugin_version,
             link=link,
             health_servicer=health_servicer,
+            supervisor_token=gate.supervisor_token,
             host_token=gate.host_token,
             stop=stop,
         ),

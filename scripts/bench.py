@@ -1,0 +1,276 @@
+"""clawsup benchmarks. A script, not a test: it prints p50/p90/p99 for each figure next
+to a baseline measured in the same run (these machines are noisy; compare ratios),
+and writes the numbers as JSON to --out.
+
+    python scripts/bench.py [--out bench.json] [--calls 2000] [--starts 30] [--crashes 50]
+
+Figures (see issue 2):
+  (a) warm tool call, supervisor -> plugin -> supervisor, through SandboxManager.invoke
+      baseline: a bare grpc.aio unary echo over a unix socket, same payload
+  (b) cold start, spawn -> ready (handshake, health, Describe, registered)
+      baseline: spawning the same interpreter running `import grpc`
+  (c) crash -> registrations reclaimed (SIGKILL of the child to registry empty of it)
+      baseline: SIGKILL of a plain child -> its pidfd readable (the kernel's floor)
+  (d) unique memory (USS) of an idle sandbox
+      baseline: USS of an idle bare grpc.aio server child
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+from loguru import logger
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sandbox.cgroup import CgroupRoot  # noqa: E402
+from sandbox.launcher import Limits, MiB  # noqa: E402
+from sandbox.process import ProcessLauncher  # noqa: E402
+from supervisor.lifecycle import RestartPolicy, SandboxState, Transition  # noqa: E402
+from supervisor.manager import SandboxManager  # noqa: E402
+from supervisor.paths import StatePaths  # noqa: E402
+from supervisor.registry import Registry  # noqa: E402
+from supervisor.supervised import SandboxPlan, Timing  # noqa: E402
+
+PAYLOAD = "x" * 100
+
+ECHO_SERVER = r"""
+import asyncio, sys, grpc
+async def main(path):
+    async def echo(request, context):
+        return request
+    handler = grpc.method_handlers_generic_handler("bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)})
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port("unix:" + path)
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    k = min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    return {"n": len(xs), "p50": pct(xs, 50), "p90": pct(xs, 90), "p99": pct(xs, 99), "mean": statistics.fmean(xs)}
+
+
+async def bare_echo_server(tmp: Path) -> tuple[subprocess.Popen[str], str]:
+    path = str(tmp / "echo.sock")
+    proc = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, path], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = await asyncio.to_thread(proc.stdout.readline)
+    assert line.strip() == "ready", line
+    return proc, path
+
+
+async def bench_bare_echo(path: str, calls: int, warmup: int) -> list[float]:
+    async with grpc.aio.insecure_channel(f"unix:{path}") as ch:
+        echo = ch.unary_unary("/bench.Echo/Echo")
+        body = json.dumps({"text": PAYLOAD}).encode()
+        out = []
+        for i in range(warmup + calls):
+            t0 = time.perf_counter()
+            await echo(body, timeout=5)
+            if i >= warmup:
+                out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+
+async def bench_calls(manager: SandboxManager, calls: int, warmup: int) -> list[float]:
+    out = []
+    args = {"text": PAYLOAD}
+    for i in range(warmup + calls):
+        t0 = time.perf_counter()
+        r = await manager.invoke("echo", args)
+        if i >= warmup:
+            out.append((time.perf_counter() - t0) * 1000)
+        assert r.text == PAYLOAD
+    return out
+
+
+def bench_import_grpc(n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-I", "-c", "import grpc"], check=True)
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+async def bench_cold_start(manager: SandboxManager, n: int) -> list[float]:
+    sb = manager.sandboxes["basics"]
+    out = []
+    for _ in range(n):
+        await sb.stop("bench", 30)
+        t0 = time.perf_counter()
+        state = await sb.start(30)
+        out.append((time.perf_counter() - t0) * 1000)
+        assert state is SandboxState.READY, state
+    return out
+
+
+async def bench_pidfd_floor(n: int) -> list[float]:
+    loop = asyncio.get_running_loop()
+    out = []
+    for _ in range(n):
+        p = subprocess.Popen(["sleep", "100"])
+        fd = os.pidfd_open(p.pid)
+        done = loop.create_future()
+        loop.add_reader(fd, lambda: done.done() or done.set_result(time.perf_counter()))
+        t0 = time.perf_counter()
+        os.kill(p.pid, signal.SIGKILL)
+        t1 = await done
+        loop.remove_reader(fd)
+        os.close(fd)
+        p.wait()
+        out.append((t1 - t0) * 1000)
+    return out
+
+
+async def bench_crash_reclaim(manager: SandboxManager, n: int) -> list[float]:
+    sb = manager.sandboxes["basics"]
+    reclaimed: dict[str, float] = {}
+
+    def on(t: Transition) -> None:
+        # CRASHED is entered right after registry.reclaim() in the same callback.
+        if t.new is SandboxState.CRASHED:
+            assert not manager.registry.owned_by("basics")
+            reclaimed["t"] = time.perf_counter()
+
+    sb.lc.listeners.append(on)
+    out = []
+    for _ in range(n):
+        assert sb.inc is not None and sb.lc.state is SandboxState.READY
+        seq = sb.lc.seq
+        reclaimed.clear()
+        t0 = time.perf_counter()
+        os.kill(sb.inc.child.pid, signal.SIGKILL)
+        await sb.wait_state(frozenset({SandboxState.CRASHED, SandboxState.BACKOFF}), 10, after=seq)
+        out.append((reclaimed["t"] - t0) * 1000)
+        await sb.wait_state(frozenset({SandboxState.READY}), 30)
+    sb.lc.listeners.remove(on)
+    return out
+
+
+def uss(pid: int) -> int:
+    return psutil.Process(pid).memory_full_info().uss
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench.json")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--starts", type=int, default=30)
+    ap.add_argument("--crashes", type=int, default=50)
+    a = ap.parse_args()
+    logger.remove()
+
+    tmp = Path(tempfile.mkdtemp(prefix="cs-bench-", dir="/tmp"))
+    paths = StatePaths(tmp)
+    paths.ensure()
+    cgroups = CgroupRoot.create()
+    manager = SandboxManager(
+        registry=Registry(),
+        launcher=ProcessLauncher(cgroups),
+        paths=paths,
+        timing=Timing(heartbeat_interval_s=2.0),
+        env_allowlist=["PATH", "LANG"],
+    )
+    manager.add(
+        SandboxPlan(
+            sandbox_id="basics",
+            plugin_id="basics",
+            plugin_dir=ROOT / "plugins" / "basics",
+            plugin_version="1",
+            entry="plugin.py",
+            declared_tools=frozenset({"echo", "now", "calc"}),
+            plugin_config={},
+            limits=Limits(memory_bytes=256 * MiB),
+            restart=RestartPolicy(max_restarts=10**6, period_s=1, backoff_initial_s=0.0, backoff_max_s=0.0),
+            backend="process",
+        )
+    )
+    ready, stop = asyncio.Event(), asyncio.Event()
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "grpc": grpc.__version__, "cgroup": cgroups is not None}}
+    echo_proc, echo_path = await bare_echo_server(tmp)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(manager.run(ready, stop, start_timeout=60, stop_timeout=10))
+            await ready.wait()
+
+            # (a) interleave the two in blocks so that machine noise hits both alike
+            calls, base = [], []
+            block = max(a.calls // 10, 1)
+            for _ in range(10):
+                base += await bench_bare_echo(echo_path, block, 50)
+                calls += await bench_calls(manager, block, 50)
+            results["a_warm_call_ms"] = {"figure": summary(calls), "baseline": summary(base), "baseline_name": "bare grpc.aio unary echo, unix socket"}
+
+            # (d) idle USS, after the calls settled
+            await asyncio.sleep(1.0)
+            sb = manager.sandboxes["basics"]
+            assert sb.inc is not None
+            results["d_idle_uss_mib"] = {
+                "figure": uss(sb.inc.child.pid) / MiB,
+                "baseline": uss(echo_proc.pid) / MiB,
+                "baseline_name": "idle bare grpc.aio server child",
+            }
+
+            # (b)
+            results["b_cold_start_ms"] = {
+                "figure": summary(await bench_cold_start(manager, a.starts)),
+                "baseline": summary(await asyncio.to_thread(bench_import_grpc, a.starts)),
+                "baseline_name": "spawn `python -I -c 'import grpc'` to exit",
+            }
+
+            # (c)
+            results["c_crash_to_reclaimed_ms"] = {
+                "figure": summary(await bench_crash_reclaim(manager, a.crashes)),
+                "baseline": summary(await bench_pidfd_floor(a.crashes)),
+                "baseline_name": "SIGKILL of `sleep` to its pidfd readable",
+            }
+            stop.set()
+    finally:
+        echo_proc.kill()
+        echo_proc.wait()
+        manager.close()
+
+    Path(a.out).write_text(json.dumps(results, indent=2))
+    print_table(results)
+    print(f"\nJSON written to {a.out}")
+
+
+def print_table(r: dict[str, Any]) -> None:
+    print(f"machine: {r['machine']}")
+    print(f"{'figure':<34}{'p50':>9}{'p90':>9}{'p99':>9}   {'baseline p50/p90/p99':<28}{'p50 ratio':>10}")
+    for key, label in (("a_warm_call_ms", "(a) warm tool call, ms"), ("b_cold_start_ms", "(b) cold start to ready, ms"), ("c_crash_to_reclaimed_ms", "(c) crash to reclaimed, ms")):
+        f, b = r[key]["figure"], r[key]["baseline"]
+        print(f"{label:<34}{f['p50']:>9.3f}{f['p90']:>9.3f}{f['p99']:>9.3f}   {b['p50']:>8.3f}/{b['p90']:.3f}/{b['p99']:.3f}{'':<6}{f['p50'] / b['p50']:>8.2f}x")
+        print(f"{'':<34}baseline: {r[key]['baseline_name']}")
+    d = r["d_idle_uss_mib"]
+    print(f"{'(d) idle sandbox USS, MiB':<34}{d['figure']:>9.1f}{'':>18}   {d['baseline']:>8.1f}{'':<20}{d['figure'] / d['baseline']:>8.2f}x")
+    print(f"{'':<34}baseline: {d['baseline_name']}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
