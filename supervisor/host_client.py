@@ -8,7 +8,6 @@ the supervisor's token, and every answer must carry the host's token
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,10 +115,11 @@ class HostClient:
         await call
         await self._check_host(call)
 
-    def connect(self, outgoing: AsyncIterator[pb.SupervisorMessage]) -> Any:
-        """Opens the child's long-lived stream. No deadline: it lives as long as the
-        child, and ends when either side closes."""
-        return self._stub.Connect(outgoing, metadata=self._md)
+    def connect(self) -> Any:
+        """Opens the child's long-lived stream; the caller reads requests and writes
+        replies on the returned call. No deadline: it lives as long as the child,
+        and ends when either side closes."""
+        return self._stub.Connect(metadata=self._md)
 
     async def check_stream(self, call: Any) -> None:
         await self._check_host(call, trailing=False)
