@@ -170,7 +170,9 @@ class ProcessLauncher:
             # -I: the workspace is the cwd and is writable by the plugin; isolated
             # mode keeps it (and PYTHON* variables) off sys.path, so a plugin cannot
             # plant its own `sandbox` package for the next start.
-            sys.executable, "-I", "-m", "sandbox.host",
+            # -u: a plugin's print() reaches the log at once, and is not lost in a
+            # buffer when the child crashes (-I ignores PYTHONUNBUFFERED).
+            sys.executable, "-I", "-u", "-m", "sandbox.host",
             "--plugin-dir", str(spec.plugin_dir),
             "--socket", socket_path,
             "--gate-fd", str(gate_r),

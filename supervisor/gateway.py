@@ -88,6 +88,11 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 "no writable cgroup: sandboxes get rlimits only. As root that leaves fork bombs uncontained "
                 "(RLIMIT_NPROC does not bind root); give clawsup a delegated cgroup or use the bwrap/docker backends"
             )
+        if os.geteuid() == 0:
+            logger.warning(
+                "running as root: sandbox children run as root too (the process backend does not drop "
+                "privileges yet); rlimits and cgroups still hold, but it is no security boundary"
+            )
         s = cfg.sandbox
         manager = SandboxManager(
             registry=Registry(),

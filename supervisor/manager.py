@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 from collections.abc import Iterable
 from typing import Any
 
@@ -67,7 +66,6 @@ class SandboxManager:
             run_root=self._sockets,
             log=log,
             env=self._env,
-            new_tokens=lambda: secrets.token_urlsafe(32),
         )
         self.sandboxes[plan.sandbox_id] = sb
         return sb

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import os
+import secrets
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +128,6 @@ class SupervisedSandbox:
         run_root: Path,
         log: SandboxLog,
         env: dict[str, str],
-        new_tokens: Any,
     ) -> None:
         self.plan = plan
         self.id = plan.sandbox_id
@@ -138,13 +138,16 @@ class SupervisedSandbox:
         self._run_dir = run_root / plan.sandbox_id
         self.log = log
         self._env = env
-        self._new_tokens = new_tokens
+        self._tokens = ("", "")
+        """(supervisor token, host token) of the current incarnation: fresh for each
+        child, so a token that leaked from a dead child opens nothing."""
         self.lc = Lifecycle(sandbox_id=plan.sandbox_id, policy=plan.restart)
         self.lc.listeners.append(self._on_transition)
         self.inc: Incarnation | None = None
         self._incarnations = itertools.count(1)
         self._start_wanted = asyncio.Event()
         self._stop_wanted = False
+        self._stop_reason = ""
         self._changed = asyncio.Event()
 
     # -- state, as others see it ---------------------------------------------------
@@ -216,6 +219,7 @@ class SupervisedSandbox:
 
     async def _run_incarnation(self) -> tuple[ExitStatus, float | None]:
         number = next(self._incarnations)
+        self.inc = None
         self.lc.enter(S.STARTING, f"incarnation {number}")
         try:
             child = await self._launch()
@@ -223,6 +227,8 @@ class SupervisedSandbox:
             status = ExitStatus(reason=f"launch failed: {e}")
             self.log.event(f"could not start the child: {e}")
             logger.error("{}: could not start the child: {}", self.id, e)
+            if self.lc.state is S.DRAINING:
+                return status, None
             delay = self.lc.record_death(status)
             self.lc.enter(S.CRASHED, status.reason)
             return status, delay
@@ -235,6 +241,8 @@ class SupervisedSandbox:
             async with asyncio.TaskGroup() as tg:
                 inc.tg = tg
                 life = tg.create_task(self._life(inc), name=f"{self.id}#{number} life")
+                if self.lc.state is S.DRAINING:  # a stop arrived during the launch
+                    self.kill(inc, self._stop_reason, polite=False)
                 raw = await asyncio.shield(exit_future)
                 life.cancel()
                 return self._on_death(inc, raw)
@@ -286,7 +294,7 @@ class SupervisedSandbox:
         (self._workspace / ".tmp").mkdir(exist_ok=True)
         self._run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self._run_dir, 0o700)
-        supervisor_token, host_token = self._new_tokens(), self._new_tokens()
+        supervisor_token, host_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         self._tokens = (supervisor_token, host_token)
         env = dict(self._env)
         env.update(HOME=str(self._workspace), TMPDIR=str(self._workspace / ".tmp"))
@@ -342,6 +350,8 @@ class SupervisedSandbox:
         if desc.plugin_id != self.plan.plugin_id:
             self.kill(inc, f"host serves plugin {desc.plugin_id!r}, expected {self.plan.plugin_id!r}", polite=False)
             return
+        if self.lc.state is not S.STARTING:
+            return  # being stopped meanwhile: the kill is already on its way
         self._accept(desc.tools)
         self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
         inc.ready.set_result(None)
@@ -440,10 +450,12 @@ class SupervisedSandbox:
         """Stop this sandbox and keep it stopped: polite Shutdown, then SIGTERM, then
         SIGKILL. Returns once it is `stopped`."""
         self._stop_wanted = True
+        self._stop_reason = reason
         state = self.lc.state
-        if state in (S.STARTING, S.READY) and self.inc is not None:
+        if state in (S.STARTING, S.READY):
             self.lc.enter(S.DRAINING, reason)
-            self.kill(self.inc, reason, polite=state is S.READY)
+            if self.inc is not None:  # else the launch in progress sees DRAINING
+                self.kill(self.inc, reason, polite=state is S.READY)
         elif state in (S.BACKOFF, S.FAILED):
             if state is S.FAILED:
                 self.lc.enter(S.STOPPED, reason)

@@ -91,6 +91,13 @@ def test_exit_code_is_reported(gateway_factory) -> None:
     assert gw.status("chaos")["last_exit"]["code"] == 42
 
 
+def test_plugin_print_reaches_the_log_before_a_crash(gateway_factory) -> None:
+    gw = gateway_factory(chaos_config(slow_backoff()))
+    assert gw.call("chaos_ok", {"say": "last words 81"})["ok"]
+    assert gw.call("chaos_crash", {"how": "kill"})["error"]["code"] == "sandbox_died"
+    assert "[stdout] last words 81" in gw.log("chaos")
+
+
 def test_exception_in_handler_keeps_child(gateway_factory) -> None:
     gw = gateway_factory(chaos_config())
     pid = gw.status("chaos")["pid"]
@@ -353,3 +360,19 @@ def test_shutdown_with_many_children_leaves_no_orphans(gateway_factory, state_di
     out = "".join(gw.output)
     assert "clawsup supervisor stopped" in out
     assert not (gw.state / "run" / "control.sock").exists()
+
+
+def test_stop_while_starting(gateway_factory) -> None:
+    # A child that never finishes starting: hangs during registration, every time.
+    entry = {"config": {"onRegister": "hang"}, "sandbox": {"restart": {"maxRestarts": 100, "backoffInitialSeconds": 0, "backoffMaxSeconds": 0}}}
+    gw = gateway_factory(chaos_config(entry, sandbox__handshakeTimeoutSeconds=5))
+    gw.wait("chaos", "starting")
+    gw.wait_log("chaos", "hanging during registration")
+    pid = gw.status("chaos")["pid"]
+    resp = gw.request(op="restart", sandbox="chaos", timeout=30)
+    assert resp["ok"], resp
+    assert wait_gone([pid]) == []
+    log = gw.log("chaos")
+    assert "starting → draining (restart requested by operator)" in log
+    assert "draining → stopped" in log
+    assert_others_fine(gw)

@@ -139,6 +139,8 @@ def chaos_write(args: dict) -> str:
 
 
 def chaos_ok(args: dict) -> dict:
+    if args.get("say"):
+        print(args["say"])  # no flush: the host must not buffer a plugin's stdout
     return {"pid": os.getpid(), "ok": True}
 
 
