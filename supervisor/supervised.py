@@ -338,7 +338,12 @@ class SupervisedSandbox:
         except HandshakeError as e:
             self.kill(inc, f"bad handshake: {e}", polite=False)
             return
-        inc.client = HostClient(hs.address, *self._tokens)
+        # Dial the socket we assigned, never an address the child names: plugin code
+        # runs before the handshake and may print anything, including another
+        # sandbox's socket. (The handshake's address matters only as a sanity check.)
+        if hs.address != inc.child.socket_path:
+            self.log.event(f"handshake names {hs.address}, dialling the assigned {inc.child.socket_path}")
+        inc.client = HostClient(inc.child.socket_path, *self._tokens)
         try:
             if not await inc.client.health(timeout=t.handshake_timeout_s):
                 self.kill(inc, "health check did not say SERVING after the handshake", polite=False)
