@@ -44,10 +44,6 @@ def format_handshake(address: str) -> str:
     return f"{MAGIC}|{CORE_PROTOCOL_VERSION}|unix|{address}|grpc"
 
 
-def is_handshake(line: str) -> bool:
-    return line.startswith(MAGIC + "|")
-
-
 def parse_handshake(line: str) -> Handshake:
     parts = line.strip().split("|")
     if len(parts) != 5 or parts[0] != MAGIC:

@@ -25,7 +25,7 @@ import grpc
 from loguru import logger
 
 from clawsup.v1 import host_pb2 as pb
-from sandbox.handshake import Handshake, HandshakeError, is_handshake, parse_handshake
+from sandbox.handshake import HandshakeError
 from sandbox.launcher import Child, ExitStatus, LaunchSpec, Launcher, Limits
 from sandbox.handshake import GatePayload
 from supervisor import child_requests
@@ -41,11 +41,11 @@ from supervisor.errors import (
 from supervisor.host_client import HostAuthError, HostClient, ToolOutcome
 from supervisor.lifecycle import ALIVE, Lifecycle, RestartPolicy, SandboxState, Transition
 from supervisor.registry import Kind, Registration, Registry
-from supervisor.sandbox_log import LineSplitter, SandboxLog
+from supervisor.child_output import ChildOutput
+from supervisor.sandbox_log import SandboxLog
 
 S = SandboxState
 SETTLED = frozenset({S.READY, S.CRASHED, S.BACKOFF, S.FAILED})
-READ_CHUNK = 64 * 1024
 DESCRIBE_TIMEOUT_S = 5.0
 SHUTDOWN_RPC_TIMEOUT_S = 0.5
 # The host answers TIMED_OUT itself at the call's timeout; the gRPC deadline leaves it
@@ -96,11 +96,11 @@ class ToolResult:
 class Incarnation:
     """One child process of a sandbox, from launch to reaping."""
 
-    def __init__(self, number: int, child: Child) -> None:
+    def __init__(self, number: int, child: Child, log: SandboxLog) -> None:
         loop = asyncio.get_running_loop()
         self.number = number
         self.child = child
-        self.handshake: asyncio.Future[Handshake] = loop.create_future()
+        self.output = ChildOutput(child.stdout_fd, child.stderr_fd, log)
         self.ready: asyncio.Future[None] = loop.create_future()
         self.died: asyncio.Future[ExitStatus] = loop.create_future()
         self.client: HostClient | None = None
@@ -109,11 +109,6 @@ class Incarnation:
         self.kill_task: asyncio.Task[None] | None = None
         self.tg: asyncio.TaskGroup | None = None
         self.call_ids = itertools.count(1)
-        self.pipes: dict[int, tuple[str, LineSplitter]] = {
-            child.stdout_fd: ("stdout", LineSplitter()),
-            child.stderr_fd: ("stderr", LineSplitter()),
-        }
-        """Output pipes still open, with their stream name and line splitter."""
 
 
 class SupervisedSandbox:
@@ -232,10 +227,10 @@ class SupervisedSandbox:
             delay = self.lc.record_death(status)
             self.lc.enter(S.CRASHED, status.reason)
             return status, delay
-        inc = Incarnation(number, child)
+        inc = Incarnation(number, child, self.log)
         self.inc = inc
         self.log.event(f"started pid {child.pid} (backend {self.plan.backend})")
-        self._start_pumps(inc)
+        inc.output.start()
         exit_future = child.wait()
         try:
             async with asyncio.TaskGroup() as tg:
@@ -247,7 +242,7 @@ class SupervisedSandbox:
                 life.cancel()
                 return self._on_death(inc, raw)
         finally:
-            self._stop_pumps(inc)
+            inc.output.close()
             if inc.client is not None:
                 await inc.client.close()
             child.close()
@@ -269,7 +264,7 @@ class SupervisedSandbox:
         if not inc.ready.done():
             inc.ready.set_exception(self._died_error(status))
             inc.ready.exception()  # retrieved: nobody may be waiting
-        self._drain_pumps(inc)
+        inc.output.drain()
         tools = f"; withdrew {', '.join(r.name for r in gone)}" if gone else ""
         self.log.event(f"pid {inc.child.pid} {status.describe()}{tools}")
         if draining:
@@ -331,7 +326,7 @@ class SupervisedSandbox:
         t = self._timing
         try:
             async with asyncio.timeout(t.handshake_timeout_s):
-                hs = await inc.handshake
+                hs = await inc.output.handshake
         except TimeoutError:
             self.kill(inc, f"no handshake within {t.handshake_timeout_s:g} s", polite=False)
             return
@@ -538,57 +533,6 @@ class SupervisedSandbox:
             return ToolTimeout(tool, self.plan.plugin_id, self.id, limit)
         self.kill(inc, f"tool {tool!r} overran its {limit:g} s timeout and could not be interrupted", polite=False)
         return ToolTimeout(tool, self.plan.plugin_id, self.id, limit, "the handler could not be interrupted, so the sandbox is being restarted")
-
-    # -- output pumps ----------------------------------------------------------------
-
-    def _start_pumps(self, inc: Incarnation) -> None:
-        loop = asyncio.get_running_loop()
-        for fd in inc.pipes:
-            loop.add_reader(fd, self._pump, inc, fd)
-
-    def _pump(self, inc: Incarnation, fd: int, limit: int = 1) -> None:
-        """Reads at most `limit` chunks: the loop stays fair to everyone else however
-        fast the child writes."""
-        stream, splitter = inc.pipes[fd]
-        for _ in range(limit):
-            try:
-                data = os.read(fd, READ_CHUNK)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:
-                asyncio.get_running_loop().remove_reader(fd)
-                del inc.pipes[fd]
-                for line, cut in splitter.flush():
-                    self._line(inc, stream, line, cut)
-                break
-            for line, cut in splitter.feed(data):
-                self._line(inc, stream, line, cut)
-        self.log.flush()
-
-    def _line(self, inc: Incarnation, stream: str, line: str, cut: bool) -> None:
-        if stream == "stdout" and not inc.handshake.done() and is_handshake(line):
-            try:
-                inc.handshake.set_result(parse_handshake(line))
-            except HandshakeError as e:
-                inc.handshake.set_exception(e)
-            self.log.write("clawsup", f"handshake: {line}")
-            return
-        self.log.write(stream, line, cut=cut)
-
-    def _drain_pumps(self, inc: Incarnation) -> None:
-        """After the exit, take what is still in the pipes (the traceback, the last
-        words), bounded, so that the log says why."""
-        for fd in tuple(inc.pipes):
-            self._pump(inc, fd, limit=64)
-
-    def _stop_pumps(self, inc: Incarnation) -> None:
-        loop = asyncio.get_running_loop()
-        for fd in tuple(inc.pipes):
-            loop.remove_reader(fd)
-            del inc.pipes[fd]
-        self.log.flush()
 
 
 async def _within(fut: asyncio.Future[Any], seconds: float) -> bool:

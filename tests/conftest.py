@@ -74,11 +74,14 @@ def make_config(**overrides: Any) -> dict[str, Any]:
 class Gateway:
     """One running `clawsup start`."""
 
-    def __init__(self, state: Path, config: dict[str, Any], extra_plugins: list[Path], env: dict[str, str] | None = None) -> None:
+    def __init__(self, state: Path, config: dict[str, Any] | None, extra_plugins: list[Path], env: dict[str, str] | None = None) -> None:
+        """`config` None runs the bundled default config, as `clawsup start` does."""
         self.state = state
-        self.config_path = state / "clawsup.json"
-        self.config_path.write_text(json.dumps(config, indent=2))
-        argv = [*CLAWSUP, "start", "--config", str(self.config_path), "--state-dir", str(state)]
+        argv = [*CLAWSUP, "start", "--state-dir", str(state)]
+        if config is not None:
+            config_path = state / "clawsup.json"
+            config_path.write_text(json.dumps(config, indent=2))
+            argv += ["--config", str(config_path)]
         for p in extra_plugins:
             argv += ["--plugin", str(p)]
         self.output: list[str] = []
@@ -154,6 +157,9 @@ class Gateway:
         )
 
     # -- process -----------------------------------------------------------------
+    def warden_pids(self) -> list[int]:
+        return [p.pid for p in psutil.process_iter(["cmdline", "ppid"]) if p.info["ppid"] == self.proc.pid and "warden.py" in " ".join(p.info["cmdline"] or [])]
+
     def host_pids(self) -> list[int]:
         """Every live sandbox host of this supervisor (its socket lives under our
         state directory)."""
@@ -191,8 +197,9 @@ def state_dir() -> Iterator[Path]:
 def gateway_factory(state_dir: Path) -> Iterator[Any]:
     started: list[Gateway] = []
 
-    def start(config: dict[str, Any] | None = None, plugins: list[Path] | None = None, env: dict[str, str] | None = None) -> Gateway:
-        gw = Gateway(state_dir, config or make_config(), plugins or [], env)
+    def start(config: dict[str, Any] | None | str = "test", plugins: list[Path] | None = None, env: dict[str, str] | None = None) -> Gateway:
+        """`config`: a config dict, "test" for make_config(), None for the bundled default."""
+        gw = Gateway(state_dir, make_config() if config == "test" else config, plugins or [], env)  # type: ignore[arg-type]
         started.append(gw)
         return gw
 

@@ -134,3 +134,12 @@ def test_sigterm_stops_cleanly(gateway_factory) -> None:
 def test_plugin_flag_loads_a_folder(gateway_factory) -> None:
     gw = gateway_factory(make_config(), plugins=[PLUGINS / "chaos"])
     assert gw.tools()["chaos_ok"] == "chaos"
+
+
+def test_start_without_config_runs_the_bundled_default(gateway_factory) -> None:
+    """The README's first command: no --config, no API key, no network."""
+    gw = gateway_factory(None, env={"ANTHROPIC_API_KEY": "", "OPENAI_API_KEY": ""})
+    assert set(gw.tools()) == {"calc", "echo", "now"}
+    r = gw.cli("tools", "call", "echo", "--args", '{"text": "hello"}')
+    assert r.returncode == 0 and r.stdout.strip() == "hello"
+    assert "chaos" not in gw.tools().values()

@@ -148,6 +148,7 @@ def test_junk_on_stdout_before_handshake(gateway_factory) -> None:
     log = gw.log("chaos")
     assert "[stdout] hello from chaos, this is not a handshake" in log
     assert "[stdout] CLAWSUP is a word I like" in log
+    assert "[stdout] unterminated " in log and "[clawsup] handshake: CLAWSUP|1|unix|" in log
 
 
 def test_endless_loop_in_handler(gateway_factory) -> None:
@@ -231,14 +232,16 @@ def test_supervisor_sigkill_leaves_no_child(gateway_factory) -> None:
     gw = gateway_factory(chaos_config())
     hosts = gw.host_pids()
     assert len(hosts) == 2
+    [warden] = gw.warden_pids()
     grandchild = gw.call("chaos_spawn", {"setsid": True})["data"]["result"]["pid"]
     sibling = gw.call("chaos_spawn")["data"]["result"]["pid"]
     assert psutil.pid_exists(grandchild) and psutil.pid_exists(sibling)
 
     gw.proc.kill()
     gw.proc.wait(10)
-    # Hosts die by PR_SET_PDEATHSIG; what they started, by the warden.
-    assert wait_gone(hosts + [grandchild, sibling]) == []
+    # Hosts die by PR_SET_PDEATHSIG; what they started, by the warden, which then
+    # leaves too.
+    assert wait_gone(hosts + [grandchild, sibling, warden]) == []
 
 
 def test_undeclared_tool_is_refused(gateway_factory) -> None:
@@ -354,9 +357,10 @@ def test_shutdown_with_many_children_leaves_no_orphans(gateway_factory, state_di
     assert gw.call("echo7")["data"]["result"] == "e7"
     spawned = gw.call("chaos_spawn", {"setsid": True})["data"]["result"]["pid"]
 
+    [warden] = gw.warden_pids()
     gw.proc.send_signal(signal.SIGINT)
     assert gw.proc.wait(30) == 0
-    assert wait_gone(hosts + [spawned]) == []
+    assert wait_gone(hosts + [spawned, warden]) == []
     out = "".join(gw.output)
     assert "clawsup supervisor stopped" in out
     assert not (gw.state / "run" / "control.sock").exists()

@@ -185,6 +185,8 @@ def clawsup_register(api) -> None:
     if on_register == "junk_stdout":
         print("hello from chaos, this is not a handshake")
         print("CLAWSUP is a word I like")
+        # No newline: the host's handshake line will follow on the same line.
+        sys.stdout.write("unterminated ")
 
     async def chaos_ask(args: dict) -> dict:
         """Ask the supervisor for `method` over the child's stream."""

@@ -1,0 +1,83 @@
+"""A child's stdout and stderr, read line by line into its sandbox log, and the
+handshake line picked out of stdout.
+
+One `ChildOutput` per incarnation, created when the child is launched and closed
+when it has been reaped. Reading is driven by the event loop's readers (no task, no
+polling) and bounded: one 64 KiB chunk per wake-up, so a flooding child cannot starve
+the loop, and lines are cut at the log's maximum length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from sandbox.handshake import MAGIC, Handshake, HandshakeError, parse_handshake
+from supervisor.sandbox_log import LineSplitter, SandboxLog
+
+READ_CHUNK = 64 * 1024
+# After the exit, at most this many chunks per pipe are read to save the last words.
+DRAIN_CHUNKS = 64
+
+
+class ChildOutput:
+    def __init__(self, stdout_fd: int, stderr_fd: int, log: SandboxLog) -> None:
+        self._log = log
+        self._pipes: dict[int, tuple[str, LineSplitter]] = {
+            stdout_fd: ("stdout", LineSplitter()),
+            stderr_fd: ("stderr", LineSplitter()),
+        }
+        self.handshake: asyncio.Future[Handshake] = asyncio.get_running_loop().create_future()
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in self._pipes:
+            loop.add_reader(fd, self._read, fd, 1)
+
+    def drain(self) -> None:
+        """After the exit: take what is still in the pipes (the traceback, the last
+        words), bounded, so that the log says why."""
+        for fd in tuple(self._pipes):
+            self._read(fd, DRAIN_CHUNKS)
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in tuple(self._pipes):
+            loop.remove_reader(fd)
+        self._pipes.clear()
+        self._log.flush()
+
+    def _read(self, fd: int, chunks: int) -> None:
+        stream, splitter = self._pipes[fd]
+        for _ in range(chunks):
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                asyncio.get_running_loop().remove_reader(fd)
+                del self._pipes[fd]
+                for line, cut in splitter.flush():
+                    self._line(stream, line, cut)
+                break
+            for line, cut in splitter.feed(data):
+                self._line(stream, line, cut)
+        self._log.flush()
+
+    def _line(self, stream: str, line: str, cut: bool) -> None:
+        if stream == "stdout" and not self.handshake.done():
+            # A plugin may print without a newline before the host's handshake, which
+            # then lands mid-line: look for it anywhere in the line.
+            at = line.find(MAGIC + "|")
+            if at >= 0:
+                if at > 0:
+                    self._log.write(stream, line[:at])
+                try:
+                    self.handshake.set_result(parse_handshake(line[at:]))
+                except HandshakeError as e:
+                    self.handshake.set_exception(e)
+                self._log.write("clawsup", f"handshake: {line[at:]}")
+                return
+        self._log.write(stream, line, cut=cut)
