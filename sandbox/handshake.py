@@ -20,7 +20,7 @@ dial that comes too early. Lines before it are plugin noise: logged, not fatal.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MAGIC = "CLAWSUP"
@@ -71,6 +71,10 @@ class GatePayload:
     plugin_version: str
     entry: str
     plugin_config: dict[str, Any]
+    rlimits: dict[str, int] = field(default_factory=dict)
+    """`RLIMIT_*` name -> value (soft = hard). The launcher also sets them from
+    outside with prlimit where it may; the child sets them on itself before any
+    plugin code runs, which needs no privilege (lowering a limit never does)."""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -28,6 +28,15 @@ class Limits:
     max_file_size_bytes: int = 64 * MiB
 
 
+@dataclass(frozen=True)
+class ChildUser:
+    """Who a child runs as, when not as the supervisor."""
+
+    name: str
+    uid: int
+    gid: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     sandbox_id: str
@@ -40,6 +49,8 @@ class LaunchSpec:
     env: dict[str, str]
     """The child's whole environment, already built from an allowlist."""
     gate: GatePayload
+    run_as: ChildUser | None = None
+    """None: as the supervisor's own user."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import pwd
 import resource
 import signal
 import subprocess
 import sys
+import zlib
+from pathlib import Path
 
 import psutil
 from loguru import logger
 
 from sandbox import warden as _warden_module
 from sandbox.cgroup import Cgroup, CgroupRoot
-from sandbox.launcher import Child, ExitStatus, LaunchSpec, MiB
+from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, MiB
 
 # Address space beyond the memory limit: an idle grpc.aio child maps several hundred
 # MiB it never touches (thread stacks, malloc arenas). The memory cgroup enforces the
@@ -156,6 +160,92 @@ class Warden:
             self._popen.wait(timeout=5)
 
 
+# Per-sandbox uids, when a root supervisor picks them itself: above systemd's
+# container range (up to 1879048191) and below 2**31, which some tools mishandle.
+UID_BASE = 1_900_000_000
+UID_SPAN = 1_000_000
+
+
+def sandbox_uids(sandbox_ids: list[str]) -> dict[str, ChildUser]:
+    """A uid (and a group of the same number) for each sandbox, stable across
+    restarts of the supervisor: derived from the sandbox id, collisions resolved in
+    id order. Its own uid keeps a sandbox out of every other sandbox's files and
+    processes, not only out of the supervisor's."""
+    taken: set[int] = set()
+    out = {}
+    for sid in sorted(sandbox_ids):
+        uid = UID_BASE + zlib.crc32(sid.encode()) % UID_SPAN
+        while uid in taken:
+            uid = UID_BASE + (uid - UID_BASE + 1) % UID_SPAN
+        taken.add(uid)
+        out[sid] = ChildUser(f"uid {uid}", uid, uid)
+    return out
+
+
+def child_users_for(
+    setting: str, sandbox_ids: list[str], plugin_dirs: list[Path], reach: list[Path] | None = None
+) -> tuple[dict[str, ChildUser], str]:
+    """Decide who each sandbox's children run as, from `sandbox.runAs`.
+
+    `supervisor`: as the supervisor. A user name or uid: all as that user, or an
+    error. `auto` (the default): when the supervisor is root, each sandbox as its
+    own unprivileged uid (`sandbox_uids`), provided such a uid can run the host
+    runtime and read the plugins; else as the supervisor.
+
+    Returns (sandbox id -> user; empty for "as the supervisor", and a sentence for
+    the operator when it is not what was asked or hoped for; empty otherwise).
+    """
+    if setting == "supervisor":
+        return {}, ""
+    if os.geteuid() != 0:
+        if setting == "auto":
+            return {}, ""
+        return {}, f"sandbox.runAs {setting!r} needs the supervisor to run as root"
+    if setting == "auto":
+        users = sandbox_uids(sandbox_ids)
+        who = "their own unprivileged uids"
+    else:
+        try:
+            pw = pwd.getpwuid(int(setting)) if setting.isdigit() else pwd.getpwnam(setting)
+        except (KeyError, ValueError):
+            return {}, f"sandbox.runAs: no user {setting!r} on this machine"
+        one = ChildUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
+        users = {sid: one for sid in sandbox_ids}
+        who = f"{one.name!r} (uid {one.uid})"
+    if not users:
+        return {}, ""
+    problem = _probe_user(next(iter(users.values())), plugin_dirs, reach or [])
+    if problem:
+        return {}, (
+            f"children cannot run as {who}: {problem}. They run as root instead; install clawsup "
+            "and its plugins where other users can read them (not under a 0700 home) to change that"
+        )
+    return users, ""
+
+
+def _probe_user(user: ChildUser, plugin_dirs: list[Path], reach: list[Path]) -> str:
+    """Run the host runtime's imports as `user`, list each plugin folder and reach
+    (stat) each of `reach`: what a child will need. Empty when it works, else what
+    failed. About 0.1 s, once per start."""
+    code = (
+        "import sys, os, sandbox.host.server\n"
+        "n = int(sys.argv[1])\n"
+        "for p in sys.argv[2:2 + n]: os.listdir(p)\n"
+        "for p in sys.argv[2 + n:]: os.stat(p)"
+    )
+    try:
+        r = subprocess.run(
+            [sys.executable, "-I", "-c", code, str(len(plugin_dirs)), *map(str, plugin_dirs), *map(str, reach)],
+            user=user.uid, group=user.gid, extra_groups=[], cwd="/", env={"PATH": os.environ.get("PATH", "")},
+            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+    if r.returncode != 0:
+        return (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
+    return ""
+
+
 class ProcessLauncher:
     name = "process"
 
@@ -165,6 +255,12 @@ class ProcessLauncher:
 
     async def launch(self, spec: LaunchSpec) -> Child:
         socket_path = str(spec.run_dir / "host.sock")
+        ids: dict[str, object] = {}
+        if spec.run_as is not None:
+            u = spec.run_as
+            ids = {"user": u.uid, "group": u.gid, "extra_groups": []}
+            _give(spec.workspace, u)
+            os.chown(spec.run_dir, u.uid, u.gid)
         gate_r, gate_w = os.pipe()
         argv = [
             # -I: the workspace is the cwd and is writable by the plugin; isolated
@@ -189,6 +285,7 @@ class ProcessLauncher:
                 start_new_session=True,
                 pass_fds=(gate_r,),
                 close_fds=True,
+                **ids,  # type: ignore[arg-type]
             )
         finally:
             os.close(gate_r)
@@ -201,9 +298,11 @@ class ProcessLauncher:
                     spec.sandbox_id, max_processes=spec.limits.max_processes, memory_bytes=spec.limits.memory_bytes
                 )
                 cgroup.attach(popen.pid)
-            _apply_rlimits(popen.pid, spec, have_cgroup=cgroup is not None)
+            child_uid = spec.run_as.uid if spec.run_as is not None else os.geteuid()
+            rlimits = _rlimits(spec, have_cgroup=cgroup is not None, child_uid=child_uid)
+            _prlimit(popen.pid, rlimits, spec.sandbox_id)
             # Open the gate: only now may the child go on to load plugin code.
-            os.write(gate_w, spec.gate.encode())
+            os.write(gate_w, dataclasses.replace(spec.gate, rlimits=rlimits).encode())
         except BaseException:
             popen.kill()
             os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
@@ -227,29 +326,50 @@ class ProcessLauncher:
             self._cgroups.remove()
 
 
-def _apply_rlimits(pid: int, spec: LaunchSpec, *, have_cgroup: bool) -> None:
+def _give(workspace: Path, user: ChildUser) -> None:
+    """Make the workspace the child's own. Its contents are chowned only when the
+    owner changed (a first run, or a new runAs): with stable uids that is rare."""
+    st = workspace.stat()
+    if (st.st_uid, st.st_gid) == (user.uid, user.gid):
+        return
+    for dirpath, dirnames, filenames in os.walk(workspace):
+        for name in (*dirnames, *filenames):
+            os.chown(os.path.join(dirpath, name), user.uid, user.gid, follow_symlinks=False)
+    os.chown(workspace, user.uid, user.gid)
+
+
+def _rlimits(spec: LaunchSpec, *, have_cgroup: bool, child_uid: int) -> dict[str, int]:
     lim = spec.limits
-    addr = lim.memory_bytes + ADDRESS_SPACE_HEADROOM
-    settings = [
-        (resource.RLIMIT_AS, addr),
-        (resource.RLIMIT_CPU, lim.cpu_seconds),
-        (resource.RLIMIT_NOFILE, lim.max_open_files),
-        (resource.RLIMIT_FSIZE, lim.max_file_size_bytes),
-        (resource.RLIMIT_CORE, 0),
-    ]
-    if not have_cgroup and os.geteuid() != 0:
-        # RLIMIT_NPROC counts every task of the uid, the supervisor's own included, so
-        # a bare max_processes would forbid the child even its gRPC threads.
-        settings.append((resource.RLIMIT_NPROC, _tasks_of_uid(os.geteuid()) + lim.max_processes))
-    for which, value in settings:
+    out = {
+        "RLIMIT_AS": lim.memory_bytes + ADDRESS_SPACE_HEADROOM,
+        "RLIMIT_CPU": lim.cpu_seconds,
+        "RLIMIT_NOFILE": lim.max_open_files,
+        "RLIMIT_FSIZE": lim.max_file_size_bytes,
+        "RLIMIT_CORE": 0,
+    }
+    if not have_cgroup and child_uid != 0:
+        # RLIMIT_NPROC counts every task of the uid (other sandboxes', and the
+        # supervisor's own when it is that uid), so a bare max_processes would forbid
+        # the child even its gRPC threads. It does not bind root at all.
+        out["RLIMIT_NPROC"] = _tasks_of_uid(child_uid) + lim.max_processes
+    return out
+
+
+def _prlimit(pid: int, rlimits: dict[str, int], sandbox_id: str) -> None:
+    """Set the limits from outside, before the gate opens, so they hold even if the
+    child's own setrlimit were skipped. Needs CAP_SYS_RESOURCE for a child of another
+    uid, which containers often drop: then the child's own call is what holds."""
+    for name, value in rlimits.items():
+        which = getattr(resource, name)
         try:
             resource.prlimit(pid, which, (value, value))
         except ValueError:
             # Asking for more than our own hard limit: take the hard limit.
             _, hard = resource.getrlimit(which)
             resource.prlimit(pid, which, (hard, hard))
-        except OSError as e:
-            logger.warning("could not set rlimit {} on {}: {}", which, spec.sandbox_id, e)
+        except PermissionError:
+            logger.debug("{}: prlimit {} not permitted here; the child sets it on itself", sandbox_id, name)
+            return
 
 
 def _tasks_of_uid(uid: int) -> int:

@@ -69,6 +69,9 @@ class SandboxConfig(_Model):
     stop_grace_seconds: float = Field(default=2.0, gt=0)
     """How long each polite step of a stop (Shutdown RPC, then SIGTERM) may take
     before the next, harsher one."""
+    run_as: str = Field(default="auto", min_length=1)
+    """Who children run as: `auto` (as `nobody` when the supervisor is root and that
+    works, else as the supervisor), `supervisor`, or a user name or uid."""
     env_allowlist: list[str] = Field(default_factory=lambda: ["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ"])
     """The only variables of the supervisor's environment a child inherits."""
 

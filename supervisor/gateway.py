@@ -20,16 +20,17 @@ from pathlib import Path
 from loguru import logger
 
 from sandbox.cgroup import CgroupRoot
-from sandbox.process import ProcessLauncher
+from sandbox.launcher import ChildUser
+from sandbox.process import ProcessLauncher, child_users_for
 from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, load_config
 from supervisor.control import ControlServer
-from supervisor.errors import ClawsupError
+from supervisor.errors import ClawsupError, ConfigError
 from supervisor.lifecycle import Transition
 from supervisor.manager import SandboxManager
 from supervisor.paths import StatePaths
 from supervisor.plans import build_plans
 from supervisor.registry import Registry
-from supervisor.supervised import Timing
+from supervisor.supervised import SandboxPlan, Timing
 
 START_TIMEOUT_S = 60.0
 
@@ -74,6 +75,31 @@ def _lock_pidfile(paths: StatePaths) -> int:
     return fd
 
 
+def _choose_child_users(run_as: str, paths: StatePaths, plans: list[SandboxPlan], source: str) -> tuple[dict[str, ChildUser], Path]:
+    """Who each sandbox's children run as (see `child_users_for`) and where their
+    sockets go. The probe runs as such a user against the very paths a child needs."""
+    ids = [p.sandbox_id for p in plans]
+    if os.geteuid() != 0 or run_as == "supervisor":
+        users, why = child_users_for(run_as, ids, [])
+        if why:
+            raise ConfigError(source, [why])
+        return {}, paths.host_sockets()
+    paths.open_path_for_children()
+    sockets = paths.host_sockets(other_uid=True)
+    users, why = child_users_for(run_as, ids, sorted({p.plugin_dir for p in plans}), reach=[paths.sandboxes, sockets])
+    if why and run_as != "auto":
+        raise ConfigError(source, [why])
+    if not users:
+        if why:
+            logger.warning("{}", why)
+        for d in (paths.root, paths.sandboxes):
+            os.chmod(d, 0o700)
+        return {}, paths.host_sockets()
+    names = ", ".join(f"{sid} as {u.name}" for sid, u in users.items())
+    logger.info("sandbox children drop root: {}", names)
+    return users, sockets
+
+
 async def run_gateway(opts: GatewayOptions) -> int:
     paths = StatePaths(opts.state_dir)
     paths.ensure()
@@ -88,12 +114,8 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 "no writable cgroup: sandboxes get rlimits only. As root that leaves fork bombs uncontained "
                 "(RLIMIT_NPROC does not bind root); give clawsup a delegated cgroup or use the bwrap/docker backends"
             )
-        if os.geteuid() == 0:
-            logger.warning(
-                "running as root: sandbox children run as root too (the process backend does not drop "
-                "privileges yet); rlimits and cgroups still hold, but it is no security boundary"
-            )
         s = cfg.sandbox
+        users, sockets = _choose_child_users(s.run_as, paths, plans, str(cfg_path))
         manager = SandboxManager(
             registry=Registry(),
             launcher=ProcessLauncher(cgroups),
@@ -106,6 +128,8 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 stop_grace_s=s.stop_grace_seconds,
             ),
             env_allowlist=s.env_allowlist,
+            sockets=sockets,
+            run_as=users,
         )
         for plan in plans:
             sb = manager.add(plan)

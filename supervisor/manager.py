@@ -10,18 +10,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
-from sandbox.launcher import Launcher
+from sandbox.launcher import ChildUser, Launcher
 from supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound
 from supervisor.lifecycle import ALIVE, SandboxState
 from supervisor.paths import StatePaths
 from supervisor.registry import Kind, Registry
 from supervisor.sandbox_log import SandboxLog
-from supervisor.supervised import SandboxPlan, SupervisedSandbox, Timing, ToolResult
+from supervisor.supervised import SandboxDirs, SandboxPlan, SupervisedSandbox, Timing, ToolResult
 
 S = SandboxState
 
@@ -40,13 +41,16 @@ class SandboxManager:
         paths: StatePaths,
         timing: Timing,
         env_allowlist: Iterable[str],
+        sockets: Path | None = None,
+        run_as: Mapping[str, ChildUser] | None = None,
     ) -> None:
         self.registry = registry
         self._launcher = launcher
         self._paths = paths
         self._timing = timing
         self._env = child_env(env_allowlist)
-        self._sockets = paths.host_sockets()
+        self._sockets = sockets or paths.host_sockets()
+        self._run_as = run_as or {}
         self.sandboxes: dict[str, SupervisedSandbox] = {}
         self._logs: list[SandboxLog] = []
 
@@ -62,10 +66,10 @@ class SandboxManager:
             launcher=self._launcher,
             registry=self.registry,
             timing=self._timing,
-            sandbox_root=self._paths.sandboxes / plan.sandbox_id,
-            run_root=self._sockets,
+            dirs=SandboxDirs(workspace=self._paths.sandboxes / plan.sandbox_id / "workspace", run_dir=self._sockets / plan.sandbox_id),
             log=log,
             env=self._env,
+            run_as=self._run_as.get(plan.sandbox_id),
         )
         self.sandboxes[plan.sandbox_id] = sb
         return sb

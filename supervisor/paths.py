@@ -57,20 +57,33 @@ class StatePaths:
     def sandbox_log(self, sandbox_id: str) -> Path:
         return self.logs / f"{sandbox_id}.log"
 
-    def host_sockets(self) -> Path:
-        """A 0700 directory for the children's sockets, short enough for sun_path.
-        Deep state directories get one under the temp dir, named after the state
-        dir so that restarts reuse it."""
-        here = self.run / "hosts"
+    def host_sockets(self, *, other_uid: bool = False) -> Path:
+        """The parent of the children's socket directories (each child's own is 0700),
+        short enough for sun_path. Deep state directories get one under the temp dir,
+        named after the state dir so that restarts reuse it.
+
+        With `other_uid` (children run as another user) it cannot sit inside `run/`,
+        which only the supervisor may enter: it is `<state>/hosts`, 0711, which lets
+        a child reach its own directory by name and list nothing."""
+        here = self.root / "hosts" if other_uid else self.run / "hosts"
         if len(str(here)) > MAX_SOCKET_DIR:
             digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
             here = Path(tempfile.gettempdir()) / f"clawsup-{os.getuid()}-{digest}"
         here.mkdir(parents=True, exist_ok=True)
-        os.chmod(here, 0o700)
+        os.chmod(here, 0o711 if other_uid else 0o700)
         return here
 
+    def open_path_for_children(self) -> None:
+        """Children that run as another user need to reach their workspace by its
+        absolute path (HOME, TMPDIR): the state directory and `sandboxes/` become
+        0711, enter-only. `run/` (the control socket) and `logs/` stay 0700."""
+        for d in (self.root, self.sandboxes):
+            os.chmod(d, 0o711)
+
     def ensure(self) -> None:
-        for d in (self.root, self.logs, self.sandboxes):
+        for d in (self.root, self.sandboxes):
             d.mkdir(parents=True, exist_ok=True)
-        self.run.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.run, 0o700)
+        # The control socket and the logs are the supervisor's alone.
+        for d in (self.run, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o700)

@@ -26,7 +26,7 @@ from loguru import logger
 
 from clawsup.v1 import host_pb2 as pb
 from sandbox.handshake import HandshakeError
-from sandbox.launcher import Child, ExitStatus, LaunchSpec, Launcher, Limits
+from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, Launcher, Limits
 from sandbox.handshake import GatePayload
 from supervisor import child_requests
 from supervisor.errors import (
@@ -76,6 +76,14 @@ class SandboxPlan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SandboxDirs:
+    workspace: Path
+    """The child's cwd and HOME: `<state>/sandboxes/<id>/workspace`."""
+    run_dir: Path
+    """The 0700 directory of the child's socket."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Timing:
     handshake_timeout_s: float = 10.0
     heartbeat_interval_s: float = 2.0
@@ -119,18 +127,19 @@ class SupervisedSandbox:
         launcher: Launcher,
         registry: Registry,
         timing: Timing,
-        sandbox_root: Path,
-        run_root: Path,
+        dirs: SandboxDirs,
         log: SandboxLog,
         env: dict[str, str],
+        run_as: ChildUser | None,
     ) -> None:
         self.plan = plan
         self.id = plan.sandbox_id
         self._launcher = launcher
         self._registry = registry
         self._timing = timing
-        self._workspace = sandbox_root / "workspace"
-        self._run_dir = run_root / plan.sandbox_id
+        self._workspace = dirs.workspace
+        self._run_dir = dirs.run_dir
+        self._run_as = run_as
         self.log = log
         self._env = env
         self._tokens = ("", "")
@@ -286,6 +295,9 @@ class SupervisedSandbox:
 
     async def _launch(self) -> Child:
         self._workspace.mkdir(parents=True, exist_ok=True)
+        # Enter-only: a child running as another user reaches its workspace by name.
+        os.chmod(self._workspace.parent, 0o711)
+        os.chmod(self._workspace, 0o700)
         (self._workspace / ".tmp").mkdir(exist_ok=True)
         self._run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self._run_dir, 0o700)
@@ -298,6 +310,7 @@ class SupervisedSandbox:
             plugin_dir=self.plan.plugin_dir,
             workspace=self._workspace,
             run_dir=self._run_dir,
+            run_as=self._run_as,
             limits=self.plan.limits,
             env=env,
             gate=GatePayload(

@@ -74,10 +74,13 @@ def make_config(**overrides: Any) -> dict[str, Any]:
 class Gateway:
     """One running `clawsup start`."""
 
-    def __init__(self, state: Path, config: dict[str, Any] | None, extra_plugins: list[Path], env: dict[str, str] | None = None) -> None:
-        """`config` None runs the bundled default config, as `clawsup start` does."""
+    def __init__(
+        self, state: Path, config: dict[str, Any] | None, extra_plugins: list[Path], env: dict[str, str] | None = None, wrap: list[str] | None = None
+    ) -> None:
+        """`config` None runs the bundled default config, as `clawsup start` does;
+        `wrap` prefixes the command (it must exec it, keeping the pid)."""
         self.state = state
-        argv = [*CLAWSUP, "start", "--state-dir", str(state)]
+        argv = [*(wrap or []), *CLAWSUP, "start", "--state-dir", str(state)]
         if config is not None:
             config_path = state / "clawsup.json"
             config_path.write_text(json.dumps(config, indent=2))
@@ -197,9 +200,11 @@ def state_dir() -> Iterator[Path]:
 def gateway_factory(state_dir: Path) -> Iterator[Any]:
     started: list[Gateway] = []
 
-    def start(config: dict[str, Any] | None | str = "test", plugins: list[Path] | None = None, env: dict[str, str] | None = None) -> Gateway:
+    def start(
+        config: dict[str, Any] | None | str = "test", plugins: list[Path] | None = None, env: dict[str, str] | None = None, wrap: list[str] | None = None
+    ) -> Gateway:
         """`config`: a config dict, "test" for make_config(), None for the bundled default."""
-        gw = Gateway(state_dir, make_config() if config == "test" else config, plugins or [], env)  # type: ignore[arg-type]
+        gw = Gateway(state_dir, make_config() if config == "test" else config, plugins or [], env, wrap)  # type: ignore[arg-type]
         started.append(gw)
         return gw
 

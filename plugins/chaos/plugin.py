@@ -144,8 +144,29 @@ def chaos_ok(args: dict) -> dict:
     return {"pid": os.getpid(), "ok": True}
 
 
+def _attempt(op: str, path: str) -> str:
+    import socket
+
+    try:
+        if op == "read":
+            with open(path, "rb") as f:
+                f.read(1)
+        elif op == "write":
+            with open(path, "ab") as f:
+                f.write(b"x")
+        elif op == "connect":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(path)
+        elif op == "kill":
+            os.kill(int(path), 0)
+        return "ok"
+    except (OSError, ValueError) as e:
+        return f"{type(e).__name__}: {e.strerror if isinstance(e, OSError) else e}"
+
+
 def chaos_probe(args: dict) -> dict:
-    """What the sandbox looks like from inside: ids, cwd, environment, limits."""
+    """What the sandbox looks like from inside: ids, cwd, environment, limits. With
+    `attempt: [[op, path], ...]` (op: read, write, connect, kill) it also tries each."""
     import resource
 
     limits = {
@@ -163,6 +184,7 @@ def chaos_probe(args: dict) -> dict:
         "limits": limits,
         "stdin": os.readlink("/proc/self/fd/0"),
         "cgroup": open("/proc/self/cgroup").read(),
+        "attempts": [_attempt(op, path) for op, path in args.get("attempt", [])],
     }
 
 

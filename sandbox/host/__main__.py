@@ -64,9 +64,24 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)
 
     from sandbox.handshake import GatePayload
+
+    gate = GatePayload.decode(raw)
+    _limit_self(gate.rlimits)
+
     from sandbox.host.server import run
 
-    run(plugin_dir=args.plugin_dir, socket_path=args.socket, gate=GatePayload.decode(raw))
+    run(plugin_dir=args.plugin_dir, socket_path=args.socket, gate=gate)
+
+
+def _limit_self(rlimits: dict[str, int]) -> None:
+    import resource
+
+    for name, value in rlimits.items():
+        which = getattr(resource, name)
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(which, (value, value))
 
 
 if __name__ == "__main__":
