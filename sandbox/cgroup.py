@@ -135,7 +135,7 @@ class CgroupRoot:
         except OSError:
             return None
         name = f"clawsup-{os.getpid()}"
-        v1 = {c: MOUNT / c / own[c].lstrip("/") for c in ("pids", "memory") if c in own}
+        v1: dict[str, Path] = {c: MOUNT / c / own[c].lstrip("/") for c in ("pids", "memory") if c in own}
         if len(v1) == 2 and all(_writable_dir(p) for p in v1.values()):
             bases = {c: p / name for c, p in v1.items()}
             for p in bases.values():

@@ -8,6 +8,7 @@ Supervisor-side code: it never runs plugin code and never imports `sandbox.host`
 
 from __future__ import annotations
 
+import asyncio
 import signal as _signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +91,9 @@ class Child(Protocol):
     socket_path: str
     """The address the supervisor dials (translated for containers)."""
 
-    async def wait(self) -> ExitStatus:
-        """Returns when the child itself has exited (event-driven, never polled)."""
+    def wait(self) -> asyncio.Future[ExitStatus]:
+        """The same future on every call, resolved when the child itself has exited
+        (event-driven, never polled)."""
         ...
 
     def signal_group(self, sig: int) -> None:

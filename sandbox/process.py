@@ -50,7 +50,7 @@ class ProcessChild:
         self.stderr_fd = popen.stderr.fileno()
         self._exit: asyncio.Future[ExitStatus] | None = None
 
-    def wait(self) -> asyncio.Future[ExitStatus]:  # type: ignore[override]
+    def wait(self) -> asyncio.Future[ExitStatus]:
         if self._exit is None:
             loop = asyncio.get_running_loop()
             self._exit = loop.create_future()
@@ -100,10 +100,6 @@ class ProcessChild:
         if self._cgroup.pids_limit_hit():
             return "process limit reached"
         return ""
-
-    def survivors(self) -> list[int]:
-        """Processes of this sandbox still alive (for tests and the final sweep)."""
-        return self._cgroup.pids() if self._cgroup is not None else []
 
     def rss_bytes(self) -> int | None:
         if self.exited:
@@ -255,10 +251,8 @@ class ProcessLauncher:
 
     async def launch(self, spec: LaunchSpec) -> Child:
         socket_path = str(spec.run_dir / "host.sock")
-        ids: dict[str, object] = {}
-        if spec.run_as is not None:
-            u = spec.run_as
-            ids = {"user": u.uid, "group": u.gid, "extra_groups": []}
+        u = spec.run_as
+        if u is not None:
             _give(spec.workspace, u)
             os.chown(spec.run_dir, u.uid, u.gid)
         gate_r, gate_w = os.pipe()
@@ -285,7 +279,9 @@ class ProcessLauncher:
                 start_new_session=True,
                 pass_fds=(gate_r,),
                 close_fds=True,
-                **ids,  # type: ignore[arg-type]
+                user=u.uid if u else None,
+                group=u.gid if u else None,
+                extra_groups=[] if u else None,
             )
         finally:
             os.close(gate_r)

@@ -75,7 +75,7 @@ class StopReq(_Req):
 
 
 Request = Annotated[StatusReq | ToolsReq | CallReq | LogsReq | RestartReq | WaitReq | StopReq, Field(discriminator="op")]
-_REQUEST = TypeAdapter(Request)
+_REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
 class ControlServer:

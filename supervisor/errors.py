@@ -105,9 +105,3 @@ class SandboxUnavailable(ClawsupError):
             "backoff": "; it restarts by itself shortly",
         }.get(state, "")
         super().__init__(f"plugin {plugin!r} (sandbox {sandbox_id}) is {state} and cannot take calls{extra}{hint}")
-
-
-class LaunchError(ClawsupError):
-    """A child could not be started or did not become ready."""
-
-    code = "launch_failed"

@@ -18,7 +18,7 @@ from loguru import logger
 
 from sandbox.launcher import ChildUser, Launcher
 from supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound
-from supervisor.lifecycle import ALIVE, SandboxState
+from supervisor.lifecycle import SandboxState
 from supervisor.paths import StatePaths
 from supervisor.registry import Kind, Registry
 from supervisor.sandbox_log import SandboxLog
@@ -135,9 +135,6 @@ class SandboxManager:
 
     def status(self) -> list[dict[str, Any]]:
         return [sb.status() for sb in self.sandboxes.values()]
-
-    def alive_pids(self) -> list[int]:
-        return [sb.inc.child.pid for sb in self.sandboxes.values() if sb.inc is not None and sb.lc.state in ALIVE]
 
     def close(self) -> None:
         for log in self._logs:

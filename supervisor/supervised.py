@@ -24,21 +24,19 @@ from typing import Any
 import grpc
 from loguru import logger
 
-from clawsup.v1 import host_pb2 as pb
 from sandbox.handshake import HandshakeError
 from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, Launcher, Limits
 from sandbox.handshake import GatePayload
 from supervisor import child_requests
 from supervisor.errors import (
     ClawsupError,
-    LaunchError,
     RegistrationRefused,
     SandboxDied,
     SandboxUnavailable,
     ToolFailed,
     ToolTimeout,
 )
-from supervisor.host_client import HostAuthError, HostClient, ToolOutcome
+from supervisor.host_client import HostAuthError, HostClient
 from supervisor.lifecycle import ALIVE, Lifecycle, RestartPolicy, SandboxState, Transition
 from supervisor.registry import Kind, Registration, Registry
 from supervisor.child_output import ChildOutput
@@ -109,7 +107,6 @@ class Incarnation:
         self.number = number
         self.child = child
         self.output = ChildOutput(child.stdout_fd, child.stderr_fd, log)
-        self.ready: asyncio.Future[None] = loop.create_future()
         self.died: asyncio.Future[ExitStatus] = loop.create_future()
         self.client: HostClient | None = None
         self.inflight: set[Any] = set()
@@ -120,6 +117,9 @@ class Incarnation:
 
 
 class SupervisedSandbox:
+    """One plugin's sandbox: its plan, its lifecycle, its log, and the incarnation
+    (child process) it is running now, if any."""
+
     def __init__(
         self,
         plan: SandboxPlan,
@@ -168,10 +168,6 @@ class SupervisedSandbox:
             while self.lc.state not in states or self.lc.seq <= after:
                 await self._changed.wait()
         return self.lc.state
-
-    @property
-    def pid(self) -> int | None:
-        return self.inc.child.pid if self.inc is not None and self.lc.state in ALIVE else None
 
     def status(self) -> dict[str, Any]:
         now = self.lc.clock()
@@ -270,9 +266,6 @@ class SupervisedSandbox:
         inc.died.set_result(status)
         for call in tuple(inc.inflight):
             call.cancel()
-        if not inc.ready.done():
-            inc.ready.set_exception(self._died_error(status))
-            inc.ready.exception()  # retrieved: nobody may be waiting
         inc.output.drain()
         tools = f"; withdrew {', '.join(r.name for r in gone)}" if gone else ""
         self.log.event(f"pid {inc.child.pid} {status.describe()}{tools}")
@@ -367,7 +360,6 @@ class SupervisedSandbox:
             return  # being stopped meanwhile: the kill is already on its way
         self._accept(desc.tools)
         self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
-        inc.ready.set_result(None)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._heartbeat(inc), name=f"{self.id}#{inc.number} heartbeat")
             tg.create_task(self._serve_stream(inc), name=f"{self.id}#{inc.number} stream")

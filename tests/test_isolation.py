@@ -5,10 +5,7 @@ promise, and that the supervisor's secrets do not leak into children."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import resource
-import sys
 import tempfile
 from pathlib import Path
 
