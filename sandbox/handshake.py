@@ -71,6 +71,8 @@ class GatePayload:
     plugin_version: str
     entry: str
     plugin_config: dict[str, Any]
+    run_as: tuple[int, int] | None = None
+    """(uid, gid) the child drops to, itself, before any plugin code runs."""
     rlimits: dict[str, int] = field(default_factory=dict)
     """`RLIMIT_*` name -> value (soft = hard). The launcher also sets them from
     outside with prlimit where it may; the child sets them on itself before any
@@ -81,4 +83,7 @@ class GatePayload:
 
     @classmethod
     def decode(cls, raw: bytes) -> GatePayload:
-        return cls(**json.loads(raw))
+        d = json.loads(raw)
+        if d.get("run_as") is not None:
+            d["run_as"] = tuple(d["run_as"])
+        return cls(**d)

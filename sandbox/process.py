@@ -16,6 +16,7 @@ import os
 import pwd
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import zlib
@@ -219,12 +220,32 @@ def child_users_for(
     return users, ""
 
 
+def _others_can_run(exe: Path) -> bool:
+    """Whether a user who is neither owner nor in the group can reach and execute
+    `exe`: o+x on every directory on the way, and on the file."""
+    try:
+        real = exe.resolve()
+        for d in real.parents:
+            if not os.stat(d).st_mode & stat.S_IXOTH:
+                return False
+        return bool(os.stat(real).st_mode & stat.S_IXOTH)
+    except OSError:
+        return False
+
+
 def _probe_user(user: ChildUser, plugin_dirs: list[Path], reach: list[Path]) -> str:
     """Run the host runtime's imports as `user`, list each plugin folder and reach
     (stat) each of `reach`: what a child will need. Empty when it works, else what
     failed. About 0.1 s, once per start."""
+    # It drops privileges itself, as a host does, so that Popen can vfork (see
+    # sandbox/host/__main__.py). The interpreter itself is checked by os.access: the
+    # probe has to start as root to drop.
+    if not _others_can_run(Path(sys.executable)):
+        return f"Permission denied: {sys.executable}"
     code = (
-        "import sys, os, sandbox.host.server\n"
+        "import sys, os\n"
+        f"os.setgroups([]); os.setresgid({user.gid}, {user.gid}, {user.gid}); os.setresuid({user.uid}, {user.uid}, {user.uid})\n"
+        "import sandbox.host.server\n"
         "n = int(sys.argv[1])\n"
         "for p in sys.argv[2:2 + n]: os.listdir(p)\n"
         "for p in sys.argv[2 + n:]: os.stat(p)"
@@ -232,7 +253,7 @@ def _probe_user(user: ChildUser, plugin_dirs: list[Path], reach: list[Path]) -> 
     try:
         r = subprocess.run(
             [sys.executable, "-I", "-c", code, str(len(plugin_dirs)), *map(str, plugin_dirs), *map(str, reach)],
-            user=user.uid, group=user.gid, extra_groups=[], cwd="/", env={"PATH": os.environ.get("PATH", "")},
+            cwd="/", env={"PATH": os.environ.get("PATH", "")},
             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError) as e:
@@ -279,9 +300,8 @@ class ProcessLauncher:
                 start_new_session=True,
                 pass_fds=(gate_r,),
                 close_fds=True,
-                user=u.uid if u else None,
-                group=u.gid if u else None,
-                extra_groups=[] if u else None,
+                # No user=/group= here: the child drops privileges itself (see
+                # sandbox/host/__main__.py), so that Popen can vfork.
             )
         finally:
             os.close(gate_r)
@@ -298,15 +318,25 @@ class ProcessLauncher:
             rlimits = _rlimits(spec, have_cgroup=cgroup is not None, child_uid=child_uid)
             _prlimit(popen.pid, rlimits, spec.sandbox_id)
             # Open the gate: only now may the child go on to load plugin code.
-            os.write(gate_w, dataclasses.replace(spec.gate, rlimits=rlimits).encode())
+            run_as = (u.uid, u.gid) if u is not None else None
+            os.write(gate_w, dataclasses.replace(spec.gate, rlimits=rlimits, run_as=run_as).encode())
         except BaseException:
-            popen.kill()
-            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+            # Clean up without masking what went wrong.
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
             popen.returncode = -9
             os.close(pidfd)
             if cgroup is not None:
                 cgroup.kill_all()
                 cgroup.remove()
+            said = popen.stderr.read(4096).decode(errors="replace").strip() if popen.stderr else ""
+            for f in (popen.stdout, popen.stderr):
+                if f is not None:
+                    f.close()
+            if said:
+                raise OSError(f"the child died while starting: {said.splitlines()[-1]}")
             raise
         finally:
             os.close(gate_w)
@@ -353,8 +383,9 @@ def _rlimits(spec: LaunchSpec, *, have_cgroup: bool, child_uid: int) -> dict[str
 
 def _prlimit(pid: int, rlimits: dict[str, int], sandbox_id: str) -> None:
     """Set the limits from outside, before the gate opens, so they hold even if the
-    child's own setrlimit were skipped. Needs CAP_SYS_RESOURCE for a child of another
-    uid, which containers often drop: then the child's own call is what holds."""
+    child's own setrlimit were skipped. (The child is still our uid here: it drops
+    privileges after the gate. Were it not, this would need CAP_SYS_RESOURCE, which
+    containers often drop; then the child's own call is what holds.)"""
     for name, value in rlimits.items():
         which = getattr(resource, name)
         try:

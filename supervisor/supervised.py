@@ -226,7 +226,7 @@ class SupervisedSandbox:
         except Exception as e:  # the launch itself failed: counts as a death
             status = ExitStatus(reason=f"launch failed: {e}")
             self.log.event(f"could not start the child: {e}")
-            logger.error("{}: could not start the child: {}", self.id, e)
+            logger.opt(exception=e).error("{}: could not start the child: {}", self.id, e)
             if self.lc.state is S.DRAINING:
                 return status, None
             delay = self.lc.record_death(status)
@@ -529,15 +529,18 @@ class SupervisedSandbox:
     async def _overrun(self, inc: Incarnation, tool: str, limit: float) -> ToolTimeout:
         """A call outlived its timeout. If the host is still healthy (an async handler
         was cancelled in time) nothing else happens; if it is wedged or says
-        NOT_SERVING, it is killed now rather than at the next heartbeat."""
-        healthy = False
-        if inc.client is not None and not inc.died.done():
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                healthy = await inc.client.health(timeout=OVERRUN_PROBE_TIMEOUT_S)
-        if healthy or inc.died.done():
-            return ToolTimeout(tool, self.plan.plugin_id, self.id, limit)
-        self.kill(inc, f"tool {tool!r} overran its {limit:g} s timeout and could not be interrupted", polite=False)
-        return ToolTimeout(tool, self.plan.plugin_id, self.id, limit, "the handler could not be interrupted, so the sandbox is being restarted")
+        NOT_SERVING, it is killed now rather than at the next heartbeat (which may
+        also have got there first)."""
+        if not inc.died.done() and inc.kill_reason is None:
+            healthy = False
+            if inc.client is not None:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    healthy = await inc.client.health(timeout=OVERRUN_PROBE_TIMEOUT_S)
+            if healthy:
+                return ToolTimeout(tool, self.plan.plugin_id, self.id, limit)
+            self.kill(inc, f"tool {tool!r} overran its {limit:g} s timeout and could not be interrupted", polite=False)
+        after = "the sandbox is stopping" if self._stop_wanted else "the sandbox is being restarted"
+        return ToolTimeout(tool, self.plan.plugin_id, self.id, limit, f"the handler could not be interrupted, so {after}")
 
 
 async def _within(fut: asyncio.Future[Any], seconds: float) -> bool:

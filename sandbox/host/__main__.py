@@ -4,7 +4,14 @@ The order matters and is why this file imports so little at the top:
 1. tie our life to the supervisor's (PR_SET_PDEATHSIG), then re-check the parent,
    because it may have died between our fork and the prctl;
 2. block on the start gate until the supervisor has applied cgroup and rlimits;
-3. only then import grpc and the plugin.
+3. set our own rlimits, and drop to the uid the supervisor chose (then set the death
+   signal again: the kernel clears it when credentials change);
+4. only then import grpc and the plugin.
+
+The child drops its own privileges rather than having Popen do it: Popen can only
+change uid by fork() (not vfork()), and a fork() of the multithreaded, grpc-laden
+supervisor ran grpc's at-fork handlers in the child, which now and then segfaulted
+before exec (tests/test_privileges.py caught it).
 """
 
 from __future__ import annotations
@@ -67,10 +74,22 @@ def main(argv: list[str] | None = None) -> None:
 
     gate = GatePayload.decode(raw)
     _limit_self(gate.rlimits)
+    if gate.run_as is not None:
+        _drop_privileges(*gate.run_as)
+        _die_with_parent(args.parent_pid)
 
     from sandbox.host.server import run
 
     run(plugin_dir=args.plugin_dir, socket_path=args.socket, gate=gate)
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups():
+        print(f"clawsup host: could not drop to uid {uid}, gid {gid}; refusing to run", file=sys.stderr)
+        os._exit(65)
 
 
 def _limit_self(rlimits: dict[str, int]) -> None:

@@ -1,0 +1,121 @@
+"""Soak run: a real supervisor with the chaos plugin, faults fired at random for a
+while, and the basics plugin called between them. Not a test (it takes minutes);
+it exits non-zero if anything an operator relies on broke.
+
+    python scripts/soak.py [--seconds 120] [--seed 1]
+
+It checks, at the end:
+- every `echo` call to the healthy plugin succeeded, and how slow it got;
+- the supervisor's memory did not grow without bound;
+- after `clawsup stop`, no process of the run is left (hosts, forks, the warden).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from supervisor.control import ControlClient  # noqa: E402
+
+FAULTS = [
+    ("chaos_crash", {"how": "segfault"}, None),
+    ("chaos_crash", {"how": "abort"}, None),
+    ("chaos_crash", {"how": "exit", "code": 3}, None),
+    ("chaos_crash", {"how": "segfault", "delay_ms": 20}, None),
+    ("chaos_raise", {"message": "soak"}, None),
+    ("chaos_spin", {}, 0.5),
+    ("chaos_hang", {}, 0.5),
+    ("chaos_sleep", {"seconds": 5}, 0.2),
+    ("chaos_alloc", {"mb_per_step": 16}, 10),
+    ("chaos_flood", {"mb": 8, "stream": "both"}, 10),
+    ("chaos_forkbomb", {}, 1),
+    ("chaos_spawn", {"setsid": True}, None),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+
+    state = Path(tempfile.mkdtemp(prefix="cs-soak-", dir="/tmp"))
+    cfg = {
+        "plugins": {
+            "load": {"paths": [str(ROOT / "plugins" / "basics"), str(ROOT / "plugins" / "chaos")]},
+            "entries": {"chaos": {"sandbox": {"memoryMb": 128, "maxProcesses": 32, "restart": {"maxRestarts": 10**6, "backoffInitialSeconds": 0.05, "backoffMaxSeconds": 0.2}}}},
+        },
+        "sandbox": {"heartbeatIntervalSeconds": 0.5, "heartbeatTimeoutSeconds": 0.5, "stopGraceSeconds": 1},
+    }
+    (state / "clawsup.json").write_text(json.dumps(cfg))
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "supervisor.cli", "start", "--config", str(state / "clawsup.json"), "--state-dir", str(state)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert sup.stdout is not None
+    for line in sup.stdout:
+        if "control socket" in line:
+            break
+    client = ControlClient(state / "run" / "control.sock")
+    proc = psutil.Process(sup.pid)
+    rss0 = proc.memory_info().rss
+    echo_ms: list[float] = []
+    echo_failures: list[str] = []
+    faults: dict[str, int] = {}
+    deadline = time.monotonic() + a.seconds
+    try:
+        while time.monotonic() < deadline:
+            name, args, timeout = rng.choice(FAULTS)
+            req = {"op": "call", "name": name, "args": args} | ({"timeout": timeout} if timeout else {})
+            resp = client.request(req)
+            key = "ok" if resp.get("ok") else resp["error"]["code"]
+            faults[f"{name}: {key}"] = faults.get(f"{name}: {key}", 0) + 1
+            for _ in range(5):
+                t0 = time.perf_counter()
+                r = client.request({"op": "call", "name": "echo", "args": {"text": "soak"}})
+                echo_ms.append((time.perf_counter() - t0) * 1000)
+                if r != {"ok": True, "data": {"result": "soak"}}:
+                    echo_failures.append(str(r))
+        rss1 = proc.memory_info().rss
+        pids = {p.pid for p in proc.children(recursive=True)}
+        client.stop()
+        sup.wait(30)
+        _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=10)
+        leftovers = [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if sup.poll() is None:
+            sup.send_signal(signal.SIGKILL)
+        shutil.rmtree(state, ignore_errors=True)
+
+    print(f"faults fired ({sum(faults.values())}):")
+    for k in sorted(faults):
+        print(f"  {faults[k]:5d}  {k}")
+    s = sorted(echo_ms)
+    print(f"echo calls: {len(s)}, failed {len(echo_failures)}; p50 {statistics.median(s):.2f} ms, p99 {s[int(0.99 * (len(s) - 1))]:.2f} ms, max {s[-1]:.1f} ms")
+    print(f"supervisor RSS: {rss0 / 2**20:.1f} MiB -> {rss1 / 2**20:.1f} MiB")
+    print(f"processes left after stop: {leftovers}")
+    ok = not echo_failures and not leftovers and rss1 - rss0 < 64 * 2**20 and sup.returncode == 0
+    for f in echo_failures[:5]:
+        print("  echo failure:", f)
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
