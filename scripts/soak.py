@@ -52,6 +52,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the state directory (logs) afterwards")
     a = ap.parse_args()
     rng = random.Random(a.seed)
 
@@ -59,20 +60,24 @@ def main() -> int:
     cfg = {
         "plugins": {
             "load": {"paths": [str(ROOT / "plugins" / "basics"), str(ROOT / "plugins" / "chaos")]},
-            "entries": {"chaos": {"sandbox": {"memoryMb": 128, "maxProcesses": 32, "restart": {"maxRestarts": 10**6, "backoffInitialSeconds": 0.05, "backoffMaxSeconds": 0.2}}}},
+            "entries": {"chaos": {"sandbox": {"memoryMb": 128, "maxProcesses": 32, "restart": {"maxRestarts": 1000, "periodSeconds": 1, "backoffInitialSeconds": 0.05, "backoffMaxSeconds": 0.2}}}},
         },
         "sandbox": {"heartbeatIntervalSeconds": 0.5, "heartbeatTimeoutSeconds": 0.5, "stopGraceSeconds": 1},
     }
     (state / "clawsup.json").write_text(json.dumps(cfg))
+    console = open(state / "console.txt", "w+")
     sup = subprocess.Popen(
         [sys.executable, "-m", "supervisor.cli", "start", "--config", str(state / "clawsup.json"), "--state-dir", str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "300"},
+        stdout=console, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "300"},
     )  # fmt: skip
-    assert sup.stdout is not None
-    for line in sup.stdout:
-        if "control socket" in line:
-            break
     client = ControlClient(state / "run" / "control.sock")
+    # The console goes to a file (a pipe nobody reads would fill and block the
+    # supervisor); readiness comes from the control API's own wait.
+    while not (state / "run" / "control.sock").exists():
+        if sup.poll() is not None:
+            raise SystemExit(f"supervisor exited with {sup.returncode}")
+        time.sleep(0.05)  # only while the socket does not exist yet
+    client.request({"op": "wait", "sandbox": "chaos", "states": ["ready"], "timeout": 60})
     proc = psutil.Process(sup.pid)
     rss0 = proc.memory_info().rss
     echo_ms: list[float] = []
@@ -81,6 +86,8 @@ def main() -> int:
     deadline = time.monotonic() + a.seconds
     try:
         while time.monotonic() < deadline:
+            # Fire at a ready sandbox, so that each fault meets a live child.
+            client.request({"op": "wait", "sandbox": "chaos", "states": ["ready"], "timeout": 30})
             name, args, timeout = rng.choice(FAULTS)
             req = {"op": "call", "name": name, "args": args} | ({"timeout": timeout} if timeout else {})
             resp = client.request(req)
@@ -98,10 +105,15 @@ def main() -> int:
         sup.wait(30)
         _, alive = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=10)
         leftovers = [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    except Exception:
+        console.seek(0)
+        print(console.read()[-5000:])
+        raise
     finally:
         if sup.poll() is None:
             sup.send_signal(signal.SIGKILL)
-        shutil.rmtree(state, ignore_errors=True)
+        if not a.keep:
+            shutil.rmtree(state, ignore_errors=True)
 
     print(f"faults fired ({sum(faults.values())}):")
     for k in sorted(faults):
