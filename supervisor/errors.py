@@ -105,3 +105,11 @@ class SandboxUnavailable(ClawsupError):
             "backoff": "; it restarts by itself shortly",
         }.get(state, "")
         super().__init__(f"plugin {plugin!r} (sandbox {sandbox_id}) is {state} and cannot take calls{extra}{hint}")
+
+
+class UnknownSandbox(ClawsupError):
+    code = "unknown_sandbox"
+
+    def __init__(self, sandbox_id: str, known: list[str]) -> None:
+        self.sandbox_id = sandbox_id
+        super().__init__(f"no sandbox named {sandbox_id!r}; known: {', '.join(sorted(known)) or 'none'}")

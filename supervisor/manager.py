@@ -17,7 +17,7 @@ from typing import Any
 from loguru import logger
 
 from sandbox.launcher import ChildUser, Launcher
-from supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound
+from supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound, UnknownSandbox
 from supervisor.lifecycle import SandboxState
 from supervisor.paths import StatePaths
 from supervisor.registry import Kind, Registry
@@ -78,8 +78,7 @@ class SandboxManager:
         try:
             return self.sandboxes[sandbox_id]
         except KeyError:
-            known = ", ".join(sorted(self.sandboxes)) or "none"
-            raise SandboxUnavailable(sandbox_id, "?", "unknown", f"no such sandbox; known: {known}") from None
+            raise UnknownSandbox(sandbox_id, list(self.sandboxes)) from None
 
     async def run(self, ready: asyncio.Event, stop: asyncio.Event, *, start_timeout: float, stop_timeout: float) -> None:
         """Start every sandbox (in parallel), set `ready` once each has settled, and

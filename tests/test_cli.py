@@ -59,6 +59,8 @@ def test_logs_tail_and_follow(gateway_factory) -> None:
     gw = gateway_factory(with_chaos())
     r = gw.cli("logs", "chaos", "-n", "2")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 2
+    unknown = gw.cli("logs", "chaso")
+    assert unknown.returncode == 1 and "no sandbox named 'chaso'; known: basics, chaos" in unknown.stderr
 
     follower = subprocess.Popen([*CLAWSUP, "logs", "chaos", "-f", "-n", "1", "--state-dir", str(gw.state)], stdout=subprocess.PIPE, text=True)
     lines: queue.Queue[str] = queue.Queue()
