@@ -95,8 +95,10 @@ class Gateway:
         if not self._ready.wait(60):
             self.kill()
             raise AssertionError("supervisor did not become ready in 60 s:\n" + "".join(self.output[-50:]))
-        if self.proc.poll() is not None:
-            raise AssertionError(f"supervisor exited with {self.proc.returncode}:\n" + "".join(self.output[-50:]))
+        if not any(READY_MARK in line for line in self.output):
+            # Its output ended without the ready line: it is exiting.
+            rc = self.proc.wait(30)
+            raise AssertionError(f"supervisor exited with {rc}:\n" + "".join(self.output[-50:]))
         self.client = ControlClient(state / "run" / "control.sock")
 
     def _read(self) -> None:
