@@ -80,9 +80,15 @@ def test_sandbox_uids_are_stable_distinct_and_unprivileged() -> None:
     assert all(1_900_000_000 <= u.uid < 2**31 and u.gid == u.uid for u in a.values())
 
 
-def test_explicit_run_as_that_cannot_work_refuses_to_start(gateway_factory) -> None:
+def _need_root() -> None:
     if os.geteuid() != 0:
+        if IN_CI:
+            pytest.fail("CI runs as root: the privilege-drop tests must run there")
         pytest.skip("needs root")
+
+
+def test_explicit_run_as_that_cannot_work_refuses_to_start(gateway_factory) -> None:
+    _need_root()
     cfg = make_config(sandbox__runAs="no-such-user")
     with pytest.raises(AssertionError, match="exited with 2"):
         gateway_factory(cfg)
@@ -91,8 +97,7 @@ def test_explicit_run_as_that_cannot_work_refuses_to_start(gateway_factory) -> N
 def test_auto_falls_back_to_root_with_a_reason(gateway_factory) -> None:
     """Without the opened paths, `nobody` cannot start this machine's Python: the
     supervisor says why and runs children as itself rather than not at all."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    _need_root()
     from sandbox.process import child_users_for
 
     users, why = child_users_for("auto", ["basics"], [PLUGINS / "basics"])
