@@ -167,17 +167,15 @@ class ControlServer:
                     await _send(writer, {"ok": True, "data": {"lines": tail_lines(sb.log.path, n)}})
                     if q is None:
                         return
-                    hangup = asyncio.ensure_future(reader.read(1))
-                    try:
+
+                    async def forward(q: asyncio.Queue[str]) -> None:
                         while True:
-                            get = asyncio.ensure_future(q.get())
-                            done, _ = await asyncio.wait({get, hangup}, return_when=asyncio.FIRST_COMPLETED)
-                            if hangup in done:
-                                get.cancel()
-                                return
-                            await _send(writer, {"line": get.result().rstrip("\n")})
-                    finally:
-                        hangup.cancel()
+                            await _send(writer, {"line": (await q.get()).rstrip("\n")})
+
+                    async with asyncio.TaskGroup() as tg:
+                        pump = tg.create_task(forward(q))
+                        await reader.read(1)  # the follower hung up (or we are closing)
+                        pump.cancel()
                 finally:
                     if q is not None:
                         sb.log.unsubscribe(q)

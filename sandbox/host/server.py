@@ -176,11 +176,10 @@ class HostServicer(pb_grpc.HostServicer):
         await context.send_initial_metadata(self._host_md)
         # The stream ends when the supervisor closes it or when we are told to stop;
         # otherwise it would hold server.stop() for its whole grace period.
-        serve = asyncio.ensure_future(self._link.serve(request_iterator, context))
-        stopping = asyncio.ensure_future(self._stop.wait())
-        try:
+        async with asyncio.TaskGroup() as tg:
+            serve = tg.create_task(self._link.serve(request_iterator, context))
+            stopping = tg.create_task(self._stop.wait())
             await asyncio.wait({serve, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
             serve.cancel()
             stopping.cancel()
 
