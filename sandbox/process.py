@@ -237,14 +237,15 @@ def _probe_user(user: ChildUser, plugin_dirs: list[Path], reach: list[Path]) -> 
     """Run the host runtime's imports as `user`, list each plugin folder and reach
     (stat) each of `reach`: what a child will need. Empty when it works, else what
     failed. About 0.1 s, once per start."""
-    # It drops privileges itself, as a host does, so that Popen can vfork (see
-    # sandbox/host/__main__.py). The interpreter itself is checked by os.access: the
-    # probe has to start as root to drop.
+    # It drops privileges with the host's own code, as a host does, so that Popen can
+    # vfork (see sandbox/host/__main__.py). It has to start as root to drop, so the
+    # interpreter's reachability by other users is checked from the permission bits.
     if not _others_can_run(Path(sys.executable)):
         return f"Permission denied: {sys.executable}"
     code = (
         "import sys, os\n"
-        f"os.setgroups([]); os.setresgid({user.gid}, {user.gid}, {user.gid}); os.setresuid({user.uid}, {user.uid}, {user.uid})\n"
+        "from sandbox.host.__main__ import _drop_privileges\n"
+        f"_drop_privileges({user.uid}, {user.gid})\n"
         "import sandbox.host.server\n"
         "n = int(sys.argv[1])\n"
         "for p in sys.argv[2:2 + n]: os.listdir(p)\n"

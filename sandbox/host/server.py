@@ -32,11 +32,12 @@ HANDLER_THREADS = 8
 Kind = pb.ToolFailure.Kind
 
 
-def _authorized(context: grpc.aio.ServicerContext, token: str) -> bool:
+async def _require_token(context: grpc.aio.ServicerContext, token: str) -> None:
+    """Aborts the call (UNAUTHENTICATED) unless it carries the supervisor's token."""
     for key, value in context.invocation_metadata() or ():
-        if key == TOKEN_METADATA_KEY:
-            return value == token
-    return False
+        if key == TOKEN_METADATA_KEY and value == token:
+            return
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
 
 
 # The token is checked in each handler rather than by a server interceptor: an
@@ -54,13 +55,11 @@ class _GuardedHealth(health.aio.HealthServicer):
         self._token = token
 
     async def Check(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if not _authorized(context, self._token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        await _require_token(context, self._token)
         return await super().Check(request, context)
 
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if not _authorized(context, self._token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        await _require_token(context, self._token)
         async for item in super().Watch(request, context):
             yield item
 
@@ -95,8 +94,7 @@ class HostServicer(pb_grpc.HostServicer):
     # (about 0.1 ms a call here; scripts/bench.py figure a).
 
     async def Describe(self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext) -> pb.DescribeResponse:
-        if not _authorized(context, self._token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        await _require_token(context, self._token)
         context.set_trailing_metadata(self._host_md)
         tools = [
             pb.ToolSpec(name=t.name, description=t.description, input_schema_json=json.dumps(t.input_schema))
@@ -107,8 +105,7 @@ class HostServicer(pb_grpc.HostServicer):
         )
 
     async def InvokeTool(self, request: pb.InvokeToolRequest, context: grpc.aio.ServicerContext) -> pb.InvokeToolResponse:
-        if not _authorized(context, self._token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        await _require_token(context, self._token)
         context.set_trailing_metadata(self._host_md)
         tool = self._api.tools.get(request.name)
         if tool is None:
@@ -163,16 +160,14 @@ class HostServicer(pb_grpc.HostServicer):
         fut.add_done_callback(finished)
 
     async def Shutdown(self, request: pb.ShutdownRequest, context: grpc.aio.ServicerContext) -> pb.ShutdownResponse:
-        if not _authorized(context, self._token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        await _require_token(context, self._token)
         context.set_trailing_metadata(self._host_md)
         print(f"shutdown requested by the supervisor: {request.reason or 'no reason given'}", file=sys.stderr, flush=True)
         self._stop.set()
         return pb.ShutdownResponse()
 
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        if not _authorized(context, self._token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED)
+        await _require_token(context, self._token)
         await context.send_initial_metadata(self._host_md)
         # The stream ends when the supervisor closes it or when we are told to stop;
         # otherwise it would hold server.stop() for its whole grace period.
