@@ -16,7 +16,8 @@ A plugin's entry module defines one pluggy hook implementation:
 
 The handler receives `args: dict` and returns a `str` or any JSON-able value; it may
 be sync (run in a worker thread) or async (run on the host's event loop). An
-exception in it becomes a tool error carrying its message, and the child lives on.
+exception in it becomes a tool error carrying its message, and the child lives on;
+raise `ToolError` for failures that are not bugs (no traceback is logged).
 
 This module runs only inside a sandbox child. The supervisor never imports it.
 """
@@ -56,6 +57,12 @@ class Tool:
     input_schema: dict[str, Any]
     handler: Handler
     is_async: bool
+
+
+class ToolError(Exception):
+    """Raise this from a handler for an expected failure (a bad argument, a missing
+    file): its message goes to the caller as the tool's error, and no traceback is
+    logged. Any other exception is treated as a bug in the handler."""
 
 
 class SupervisorRefused(Exception):

@@ -73,6 +73,12 @@ class GatePayload:
     plugin_config: dict[str, Any]
     run_as: tuple[int, int] | None = None
     """(uid, gid) the child drops to, itself, before any plugin code runs."""
+    role: str = "plugin"
+    """`plugin`: load the plugin at --plugin-dir. `workspace`: serve the core exec
+    and file tools on the workspace (the cwd) instead; no plugin code at all."""
+    workspace_tools: dict[str, Any] = field(default_factory=dict)
+    """For `workspace`: shell, kill_grace_s, read_max_bytes (see
+    sandbox/host/server.py serve)."""
     rlimits: dict[str, int] = field(default_factory=dict)
     """`RLIMIT_*` name -> value (soft = hard). The launcher also sets them from
     outside with prlimit where it may; the child sets them on itself before any

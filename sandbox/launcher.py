@@ -41,7 +41,8 @@ class ChildUser:
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     sandbox_id: str
-    plugin_dir: Path
+    plugin_dir: Path | None
+    """None for a workspace host, which loads no plugin."""
     workspace: Path
     """The child's working directory and its only writable place of its own."""
     run_dir: Path
@@ -52,6 +53,9 @@ class LaunchSpec:
     gate: GatePayload
     run_as: ChildUser | None = None
     """None: as the supervisor's own user."""
+    network: bool = True
+    """Whether the child may reach the network; only backends with a network
+    namespace (bwrap, docker) can take it away."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,7 +73,11 @@ class ProcessChild:
             status = ExitStatus(signal=info.si_status)
             self._popen.returncode = -info.si_status
         if self._exit is not None and not self._exit.done():
-            self._exit.set_result(status)
+            self._exit.set_result(self._translate(status))
+
+    def _translate(self, status: ExitStatus) -> ExitStatus:
+        """For wrappers that report their child's end in their own exit code."""
+        return status
 
     @property
     def exited(self) -> bool:
@@ -267,9 +271,12 @@ def _probe_user(user: ChildUser, plugin_dirs: list[Path], reach: list[Path]) -> 
 class ProcessLauncher:
     name = "process"
 
-    def __init__(self, cgroups: CgroupRoot | None) -> None:
+    def __init__(self, cgroups: CgroupRoot | None, warden: Warden | None = None) -> None:
+        """`warden`: one shared by several launchers of a supervisor (its owner
+        closes it); by default the launcher has its own."""
         self._cgroups = cgroups
-        self._warden = Warden()
+        self._owns_warden = warden is None
+        self._warden = warden or Warden()
 
     async def launch(self, spec: LaunchSpec) -> Child:
         socket_path = str(spec.run_dir / "host.sock")
@@ -277,6 +284,11 @@ class ProcessLauncher:
         if u is not None:
             _give(spec.workspace, u)
             os.chown(spec.run_dir, u.uid, u.gid)
+        cgroup = None
+        if self._cgroups is not None:
+            cgroup = self._cgroups.child(
+                spec.sandbox_id, max_processes=spec.limits.max_processes, memory_bytes=spec.limits.memory_bytes
+            )
         gate_r, gate_w = os.pipe()
         argv = [
             # -I: the workspace is the cwd and is writable by the plugin; isolated
@@ -285,35 +297,37 @@ class ProcessLauncher:
             # -u: a plugin's print() reaches the log at once, and is not lost in a
             # buffer when the child crashes (-I ignores PYTHONUNBUFFERED).
             sys.executable, "-I", "-u", "-m", "sandbox.host",
-            "--plugin-dir", str(spec.plugin_dir),
+            "--plugin-dir", str(spec.plugin_dir or ""),
             "--socket", socket_path,
             "--gate-fd", str(gate_r),
-            "--parent-pid", str(os.getpid()),
+            "--parent-pid", str(self._host_parent_pid()),
         ]  # fmt: skip
+        argv, cwd, env = self._wrap(spec, argv, cgroup)
         try:
             popen = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                cwd=spec.workspace,
-                env=spec.env,
+                cwd=cwd,
+                env=env,
                 start_new_session=True,
                 pass_fds=(gate_r,),
                 close_fds=True,
                 # No user=/group= here: the child drops privileges itself (see
                 # sandbox/host/__main__.py), so that Popen can vfork.
             )
+        except BaseException:
+            os.close(gate_w)
+            if cgroup is not None:
+                cgroup.remove()
+            raise
         finally:
             os.close(gate_r)
         # Not yet reaped, so the pid still names our child: pidfd_open is race-free.
         pidfd = os.pidfd_open(popen.pid)
-        cgroup = None
         try:
-            if self._cgroups is not None:
-                cgroup = self._cgroups.child(
-                    spec.sandbox_id, max_processes=spec.limits.max_processes, memory_bytes=spec.limits.memory_bytes
-                )
+            if cgroup is not None and self._attach_after_spawn:
                 cgroup.attach(popen.pid)
             child_uid = spec.run_as.uid if spec.run_as is not None else os.geteuid()
             rlimits = _rlimits(spec, have_cgroup=cgroup is not None, child_uid=child_uid)
@@ -342,13 +356,26 @@ class ProcessLauncher:
         finally:
             os.close(gate_w)
         self._warden.watch(popen.pid, cgroup)
-        child = ProcessChild(popen, pidfd, socket_path, cgroup, self._warden)
+        child = self._child_class(popen, pidfd, socket_path, cgroup, self._warden)
         os.set_blocking(child.stdout_fd, False)
         os.set_blocking(child.stderr_fd, False)
         return child
 
+    # Hooks for backends that wrap the host command (sandbox/bwrap.py).
+    _child_class: type[ProcessChild] = ProcessChild
+    _attach_after_spawn = True
+    """Whether the cgroup is joined from outside once the child exists. Right for a
+    lone child blocked on its gate; a wrapper that forks joins before it execs."""
+
+    def _host_parent_pid(self) -> int:
+        return os.getpid()
+
+    def _wrap(self, spec: LaunchSpec, argv: list[str], cgroup: Cgroup | None) -> tuple[list[str], Path, dict[str, str]]:
+        return argv, spec.workspace, spec.env
+
     def close(self) -> None:
-        self._warden.close()
+        if self._owns_warden:
+            self._warden.close()
         if self._cgroups is not None:
             self._cgroups.remove()
 

@@ -25,6 +25,8 @@ from supervisor.sandbox_log import tail_lines
 app = typer.Typer(help="clawsup: a gateway for personal AI agents where nothing untrusted runs inside the gateway.", no_args_is_help=True, add_completion=False)
 tools_app = typer.Typer(help="List and call the tools the sandboxes registered.", no_args_is_help=True)
 app.add_typer(tools_app, name="tools")
+exec_app = typer.Typer(help="Screen or run a shell command the way the exec tool does.", no_args_is_help=True)
+app.add_typer(exec_app, name="exec")
 out = Console()
 err = Console(stderr=True)
 
@@ -144,20 +146,39 @@ def tools_call(
     name: str,
     args: Annotated[str, typer.Option("--args", help="The arguments, a JSON object.")] = "{}",
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds; capped by the plugin's call timeout.")] = None,
+    agent: Annotated[Optional[str], typer.Option("--agent", help="Call as this agent (picks its workspace sandbox).")] = None,
+    session: Annotated[Optional[str], typer.Option("--session", help="Call in this session (with scope `session`).")] = None,
     state_dir: StateDir = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Call a tool through the same supervisor path an agent uses."""
+    """Call a tool through the same supervisor path an agent uses. Output that a
+    tool streams (exec) is printed as it comes, unless --json."""
     try:
         parsed = json.loads(args)
     except json.JSONDecodeError as e:
         _fail(f"--args is not valid JSON: {e.msg} at position {e.pos}", 2)
     if not isinstance(parsed, dict):
         _fail("--args must be a JSON object, such as '{\"text\": \"hi\"}'", 2)
-    req: dict[str, Any] = {"op": "call", "name": name, "args": parsed}
-    if timeout is not None:
-        req["timeout"] = timeout
-    resp = _call(state_dir, req, timeout=(timeout or 3600) + 30)
+    req: dict[str, Any] = {"op": "call", "name": name, "args": parsed, "stream": not as_json}
+    for key, value in (("timeout", timeout), ("agent", agent), ("session", session)):
+        if value is not None:
+            req[key] = value
+    resp: dict[str, Any] = {}
+    streamed = False
+    try:
+        for msg in _client(state_dir, (timeout or 3600) + 30).stream(req):
+            if "output" in msg:
+                sys.stdout.write(msg["output"])
+                sys.stdout.flush()
+                streamed = True
+                continue
+            resp = msg
+            break
+    except SupervisorNotRunning as e:
+        _fail(str(e), 3)
+    if streamed and resp.get("ok") and isinstance(resp["data"]["result"], dict):
+        # The output was shown as it came; the rest of the result follows it.
+        resp["data"]["result"] = {k: v for k, v in resp["data"]["result"].items() if k != "output"}
     if as_json:
         body = {"ok": True, "result": resp["data"]["result"]} if resp.get("ok") else {"ok": False, "error": resp["error"]["message"]}
         print(json.dumps(body))
@@ -238,6 +259,80 @@ def stop(state_dir: StateDir = None) -> None:
     except SupervisorNotRunning as e:
         _fail(str(e), 3)
     out.print("stopped")
+
+
+
+
+def _load(config: Path | None) -> tuple[Any, str]:
+    from supervisor.config import DEFAULT_CONFIG, load_config
+
+    path = config or DEFAULT_CONFIG
+    try:
+        return load_config(path), str(path)
+    except ClawsupError as e:
+        _fail(str(e), 2)
+
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="clawsup.json to take tools.exec from (default: the bundled one).")]
+
+
+@exec_app.command("check")
+def exec_check(command: str, config: ConfigOpt = None, as_json: JsonFlag = False) -> None:
+    """Screen COMMAND with the exec deny/allow lists; exit 0 if allowed, 1 if not."""
+    from supervisor.workspaces import screen_from_config
+
+    cfg, _ = _load(config)
+    v = screen_from_config(cfg).check(command)
+    if as_json:
+        print(json.dumps(v.to_json()))
+    else:
+        (out if v.allowed else err).print(v.explain(), highlight=False)
+    raise typer.Exit(0 if v.allowed else 1)
+
+
+@exec_app.command("run")
+def exec_run(
+    command: Annotated[list[str], typer.Argument(help="The command (after --); several words are joined with spaces.")],
+    backend: Annotated[Optional[str], typer.Option("--backend", help="process or bwrap (default: agents.defaults.sandbox.backend).")] = None,
+    workspace: Annotated[Optional[Path], typer.Option("--workspace", help="Run in this folder (default: a fresh empty one).", file_okay=False, exists=True)] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds (default tools.exec.timeoutSeconds).", min=0.001)] = None,
+    max_output: Annotated[Optional[int], typer.Option("--max-output", help="Output cap in bytes.", min=2)] = None,
+    config: ConfigOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run one command through the exec tool's screen and sandbox, without a
+    running supervisor. Output streams; the exit code is the command's (126 if
+    refused, 124 if timed out, 128+N if killed by signal N)."""
+    from supervisor.exec_once import run_once
+
+    if backend not in (None, "process", "bwrap"):
+        _fail(f"--backend must be process or bwrap, not {backend!r}", 2)
+    cfg, source = _load(config)
+    text = " ".join(command)
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING", format="{level}: {message}")
+
+    async def show(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    try:
+        r = asyncio.run(
+            run_once(text, cfg=cfg, source=source, backend=backend, workspace=workspace, timeout=timeout, max_output=max_output, on_output=show)
+        )
+    except ClawsupError as e:
+        _fail(str(e), 2 if e.code == "config" else 1)
+    if r.blocked_by is not None:
+        err.print(f"[red]refused[/red] by rule {r.blocked_by!r}: it matched {r.segment!r}; nothing ran", highlight=False)
+    if as_json:
+        sys.stdout.write(("\n" if not r.blocked_by else "") + json.dumps(r.to_json()) + "\n")
+    if r.blocked_by is not None:
+        raise typer.Exit(126)
+    if r.timed_out:
+        raise typer.Exit(124)
+    raise typer.Exit(r.exit_code if r.exit_code is not None else 128 + (r.signal or 0))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ a user's plugin list carries over; `sandbox` is ours. Later layers add `agents`,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+import re
+from typing import Any, Literal
 
 import json5
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -76,9 +77,73 @@ class SandboxConfig(_Model):
     """The only variables of the supervisor's environment a child inherits."""
 
 
+class ExecToolConfig(_Model):
+    """The `exec` core tool. The deny list is the outer fence only: what slips past
+    it meets the workspace sandbox (see supervisor/exec_screen.py)."""
+
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    """A command's deadline when the call does not ask for one."""
+    max_timeout_seconds: float = Field(default=600.0, gt=0)
+    """The longest deadline a call may ask for."""
+    max_output_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """Output beyond this keeps its head and tail, with a marker between them."""
+    kill_grace_seconds: float = Field(default=2.0, gt=0, le=60)
+    """From SIGTERM to SIGKILL when a command outlives its deadline."""
+    shell: str = Field(default="/bin/sh", min_length=1)
+    deny_defaults: bool = True
+    """Keep the built-in rules (supervisor/exec_screen.py DEFAULT_RULES)."""
+    deny: dict[str, re.Pattern[str]] = Field(default_factory=dict)
+    """More rules: a name (shown in refusals) -> a regex, searched in each simple
+    command after normalisation (wrappers such as sudo/env peeled off)."""
+    allow: list[re.Pattern[str]] = Field(default_factory=list)
+    """When set, every simple command must match one of these."""
+
+
+class FsToolsConfig(_Model):
+    read_max_bytes: int = Field(default=256 * 1024, ge=1024)
+    """The most `read` returns in one call; larger files are read with offset/limit."""
+
+
+class ToolsConfig(_Model):
+    exec: ExecToolConfig = Field(default_factory=ExecToolConfig)
+    fs: FsToolsConfig = Field(default_factory=FsToolsConfig)
+
+
+WorkspaceBackend = Literal["auto", "process", "bwrap"]
+
+
+class AgentSandboxConfig(_Model):
+    """Where an agent's exec and file tools run (OpenClaw's `agents.defaults.sandbox`)."""
+
+    scope: Literal["agent", "session", "shared"] = "agent"
+    """One workspace sandbox per agent, per session, or one for everything."""
+    backend: WorkspaceBackend = "auto"
+    """`auto`: bwrap when it works on this machine, else process (with a warning:
+    the process backend is not a security boundary)."""
+    network: bool = False
+    """Only bwrap and docker can take the network away; process always has it."""
+    memory_mb: int = Field(default=1024, ge=64)
+    max_processes: int = Field(default=256, ge=16)
+    max_file_size_mb: int = Field(default=256, ge=1)
+    cpu_seconds: int = Field(default=3600, ge=1)
+    idle_stop_seconds: float = Field(default=600.0, gt=0)
+    """A per-session workspace sandbox with no call for this long is stopped (its
+    files stay); the next call starts it again."""
+
+
+class AgentDefaults(_Model):
+    sandbox: AgentSandboxConfig = Field(default_factory=AgentSandboxConfig)
+
+
+class AgentsConfig(_Model):
+    defaults: AgentDefaults = Field(default_factory=AgentDefaults)
+
+
 class ClawsupConfig(_Model):
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    agents: AgentsConfig = Field(default_factory=AgentsConfig)
 
 
 def load_config(path: Path) -> ClawsupConfig:

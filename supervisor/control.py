@@ -48,6 +48,11 @@ class CallReq(_Req):
     name: str
     args: dict[str, Any] = Field(default_factory=dict)
     timeout: float | None = Field(default=None, gt=0)
+    agent: str | None = None
+    """Who calls, as the operator says; picks the workspace sandbox of core tools."""
+    session: str | None = None
+    stream: bool = False
+    """Send `{"output": text}` lines as a tool (exec) produces output, before the answer."""
 
 
 class LogsReq(_Req):
@@ -150,8 +155,12 @@ class ControlServer:
             case ToolsReq():
                 tools = [{"name": r.name, "owner": r.owner, "sandbox": r.sandbox_id, "description": r.description} for r in m.registry.tools()]
                 await _send(writer, {"ok": True, "data": {"tools": tools}})
-            case CallReq(name=name, args=args, timeout=timeout):
-                result = await m.invoke(name, args, timeout)
+            case CallReq(name=name, args=args, timeout=timeout, agent=agent, session=session, stream=stream):
+
+                async def out(data: bytes) -> None:
+                    await _send(writer, {"output": data.decode("utf-8", errors="replace")})
+
+                result = await m.invoke(name, args, timeout, agent=agent, session=session, on_output=out if stream else None)
                 await _send(writer, {"ok": True, "data": {"result": result.value()}})
             case RestartReq(sandbox=sid, timeout=timeout):
                 state = await m.get(sid).restart(timeout)

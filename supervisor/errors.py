@@ -55,7 +55,8 @@ class ToolFailed(ClawsupError):
         self.owner = owner
         self.kind = kind
         self.message = message
-        super().__init__(f"tool {tool!r} (plugin {owner!r}) failed: {message}")
+        # An expected failure (sandbox.api.ToolError) speaks for itself.
+        super().__init__(f"tool {tool!r}: {message}" if kind == "tool_error" else f"tool {tool!r} (plugin {owner!r}) failed: {message}")
 
 
 class ToolTimeout(ClawsupError):
@@ -113,3 +114,24 @@ class UnknownSandbox(ClawsupError):
     def __init__(self, sandbox_id: str, known: list[str]) -> None:
         self.sandbox_id = sandbox_id
         super().__init__(f"no sandbox named {sandbox_id!r}; known: {', '.join(sorted(known)) or 'none'}")
+
+
+class ExecBlocked(ClawsupError):
+    """The exec screen refused a command before it was dispatched. Nothing ran."""
+
+    code = "exec_blocked"
+
+    def __init__(self, rule: str, segment: str, text: str) -> None:
+        self.rule = rule
+        self.segment = segment
+        super().__init__(f"command not run: {text}")
+
+
+class BadToolArguments(ClawsupError):
+    """The model's arguments do not fit the tool's schema; says what was wrong."""
+
+    code = "bad_arguments"
+
+    def __init__(self, tool: str, problems: str) -> None:
+        self.tool = tool
+        super().__init__(f"bad arguments for tool {tool!r}: {problems}")

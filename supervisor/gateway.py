@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import pwd
 import signal
 import sys
 from collections.abc import Callable
@@ -20,8 +21,9 @@ from pathlib import Path
 from loguru import logger
 
 from sandbox.cgroup import CgroupRoot
-from sandbox.launcher import ChildUser
-from sandbox.process import ProcessLauncher, child_users_for
+from sandbox.bwrap import BwrapLauncher, bwrap_problem
+from sandbox.launcher import ChildUser, Launcher
+from sandbox.process import ProcessLauncher, Warden, child_users_for, sandbox_uids
 from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, load_config
 from supervisor.control import ControlServer
 from supervisor.errors import ClawsupError, ConfigError
@@ -31,6 +33,7 @@ from supervisor.paths import StatePaths
 from supervisor.plans import build_plans
 from supervisor.registry import Registry
 from supervisor.supervised import SandboxPlan, Timing
+from supervisor.workspaces import CORE_TOOLS, Workspaces, register_core_tools, settings_from_config
 
 START_TIMEOUT_S = 60.0
 
@@ -100,6 +103,34 @@ def _choose_child_users(run_as: str, paths: StatePaths, plans: list[SandboxPlan]
     return users, sockets
 
 
+async def _stop_idle_workspaces(workspaces: Workspaces, run: asyncio.Task[None]) -> None:
+    period = max(1.0, min(60.0, workspaces.settings.idle_stop_s / 4))
+    while not run.done():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(period):
+                await asyncio.shield(run)
+        await workspaces.stop_idle()
+
+
+def _user_policy(run_as: str, process_users: dict[str, ChildUser]) -> Callable[[SandboxPlan], ChildUser | None]:
+    """Process-backend plugins run as `_choose_child_users` found workable. Under
+    bwrap the runtime is bound into the sandbox with open parents, so a root
+    supervisor's `auto` always gives such a sandbox its own uid (also the workspace
+    sandboxes created later, one per agent or session)."""
+
+    def user_for(plan: SandboxPlan) -> ChildUser | None:
+        if plan.backend == "bwrap":
+            if os.geteuid() != 0 or run_as == "supervisor":
+                return None
+            if run_as == "auto":
+                return sandbox_uids([plan.sandbox_id])[plan.sandbox_id]
+            pw = pwd.getpwuid(int(run_as)) if run_as.isdigit() else pwd.getpwnam(run_as)
+            return ChildUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
+        return process_users.get(plan.sandbox_id)
+
+    return user_for
+
+
 async def run_gateway(opts: GatewayOptions) -> int:
     paths = StatePaths(opts.state_dir)
     paths.ensure()
@@ -115,10 +146,21 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 "(RLIMIT_NPROC does not bind root); give clawsup a delegated cgroup or use the bwrap/docker backends"
             )
         s = cfg.sandbox
-        users, sockets = _choose_child_users(s.run_as, paths, plans, str(cfg_path))
+        workspace = settings_from_config(cfg, source=str(cfg_path))
+        process_plans = [p for p in plans if p.backend == "process"]
+        users, sockets = _choose_child_users(s.run_as, paths, process_plans, str(cfg_path))
+        need_bwrap = workspace.backend == "bwrap" or any(p.backend == "bwrap" for p in plans)
+        if need_bwrap and (problem := bwrap_problem()):
+            raise ConfigError(str(cfg_path), [f"plugin {p.plugin_id!r} asks for the bwrap backend: {problem}" for p in plans if p.backend == "bwrap"])
+        warden = Warden()
+        launchers: dict[str, Launcher] = {"process": ProcessLauncher(cgroups, warden)}
+        if need_bwrap:
+            launchers["bwrap"] = BwrapLauncher(cgroups, warden)
+        registry = Registry(reserved=frozenset(CORE_TOOLS))
+        register_core_tools(registry)
         manager = SandboxManager(
-            registry=Registry(),
-            launcher=ProcessLauncher(cgroups),
+            registry=registry,
+            launchers=launchers,
             paths=paths,
             timing=Timing(
                 handshake_timeout_s=s.handshake_timeout_seconds,
@@ -129,8 +171,13 @@ async def run_gateway(opts: GatewayOptions) -> int:
             ),
             env_allowlist=s.env_allowlist,
             sockets=sockets,
-            run_as=users,
+            user_for=_user_policy(s.run_as, users),
         )
+        manager.workspaces = workspaces = Workspaces(manager, workspace)
+        if workspace.scope != "session":
+            # The default agent's workspace sandbox starts with the rest, so that the
+            # first exec does not pay for a cold start and `clawsup logs` finds it.
+            manager.add(workspaces.plan_for(workspaces.sandbox_id(None, None)))
         for plan in plans:
             sb = manager.add(plan)
             if opts.on_transition is not None:
@@ -148,13 +195,16 @@ async def run_gateway(opts: GatewayOptions) -> int:
         stop_timeout = 3 * s.stop_grace_seconds + 2
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(manager.run(ready, stop, start_timeout=START_TIMEOUT_S, stop_timeout=stop_timeout))
+                run = tg.create_task(manager.run(ready, stop, start_timeout=START_TIMEOUT_S, stop_timeout=stop_timeout))
+                if workspace.scope == "session":
+                    tg.create_task(_stop_idle_workspaces(workspaces, run), name="idle workspaces")
                 await ready.wait()
                 if opts.on_ready is not None:
                     opts.on_ready(manager)
         finally:
             await control.close()
             manager.close()
+            warden.close()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         logger.info("clawsup supervisor stopped")

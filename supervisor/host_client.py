@@ -8,6 +8,7 @@ the supervisor's token, and every answer must carry the host's token
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,17 @@ class ToolOutcome:
     is_json: bool = False
     error_kind: str = ""
     traceback: str = ""
+
+
+@dataclass(slots=True, kw_only=True)
+class ExecResult:
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    truncated: bool
+    duration_s: float
+    output_bytes: int
+    error: str = ""
 
 
 class HostAuthError(Exception):
@@ -109,6 +121,34 @@ class HostClient:
             e = resp.error
             return ToolOutcome(ok=False, text=e.message, error_kind=_KIND_NAMES.get(e.kind, "unknown"), traceback=e.traceback)
         return ToolOutcome(ok=True, text=resp.result, is_json=resp.result_is_json)
+
+    def exec(self, command: str, workdir: str, timeout: float, output_cap: int, call_id: str, margin: float) -> Any:
+        """Starts an Exec stream and returns the call (read it with `exec_events`).
+        The host enforces `timeout`; the gRPC deadline adds `margin` for the kill
+        grace and the last output."""
+        req = pb.ExecRequest(
+            command=command, workdir=workdir, timeout_ms=max(int(timeout * 1000), 1), output_cap=output_cap, call_id=call_id
+        )
+        return self._stub.Exec(req, timeout=timeout + margin, metadata=self._md)
+
+    async def exec_events(self, call: Any) -> AsyncIterator[bytes | ExecResult]:
+        """The output chunks, then the result; nothing before the host's token."""
+        await self._check_host(call, trailing=False)
+        async for ev in call:
+            if ev.WhichOneof("event") == "output":
+                yield ev.output
+            else:
+                r = ev.result
+                yield ExecResult(
+                    exit_code=r.exit_code if r.HasField("exit_code") else None,
+                    signal=r.signal if r.HasField("signal") else None,
+                    timed_out=r.timed_out,
+                    truncated=r.truncated,
+                    duration_s=r.duration_s,
+                    output_bytes=r.output_bytes,
+                    error=r.error,
+                )
+                return
 
     async def shutdown(self, reason: str, timeout: float) -> None:
         call = self._stub.Shutdown(pb.ShutdownRequest(reason=reason), timeout=timeout, metadata=self._md)

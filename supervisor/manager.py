@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,8 @@ from supervisor.lifecycle import SandboxState
 from supervisor.paths import StatePaths
 from supervisor.registry import Kind, Registry
 from supervisor.sandbox_log import SandboxLog
-from supervisor.supervised import SandboxDirs, SandboxPlan, SupervisedSandbox, Timing, ToolResult
+from supervisor.supervised import OutputSink, SandboxDirs, SandboxPlan, SupervisedSandbox, Timing, ToolResult
+from supervisor.workspaces import CORE_TOOLS, Workspaces
 
 S = SandboxState
 
@@ -37,24 +38,29 @@ class SandboxManager:
         self,
         *,
         registry: Registry,
-        launcher: Launcher,
+        launchers: Mapping[str, Launcher],
         paths: StatePaths,
         timing: Timing,
         env_allowlist: Iterable[str],
         sockets: Path | None = None,
-        run_as: Mapping[str, ChildUser] | None = None,
+        user_for: Callable[[SandboxPlan], ChildUser | None] | None = None,
     ) -> None:
         self.registry = registry
-        self._launcher = launcher
+        self._launchers = dict(launchers)
+        self.workspaces: Workspaces | None = None
+        """Set by the gateway: the router of the core workspace tools."""
+        self._tg: asyncio.TaskGroup | None = None
         self._paths = paths
         self._timing = timing
         self._env = child_env(env_allowlist)
         self._sockets = sockets or paths.host_sockets()
-        self._run_as = run_as or {}
+        self._user_for = user_for or (lambda plan: None)
+        """Who a sandbox's children run as (None: as the supervisor); see gateway."""
         self.sandboxes: dict[str, SupervisedSandbox] = {}
         self._logs: list[SandboxLog] = []
+        self._later: list[asyncio.Task[None]] = []
 
-    def add(self, plan: SandboxPlan) -> SupervisedSandbox:
+    def add(self, plan: SandboxPlan, *, workspace: Path | None = None) -> SupervisedSandbox:
         """Add a plugin's sandbox (not started yet). Plugins added first win contested
         tool names, so the outcome never depends on which child starts faster."""
         log = SandboxLog(self._paths.sandbox_log(plan.sandbox_id))
@@ -63,13 +69,17 @@ class SandboxManager:
             log.event(f"tool {name!r} will be refused: plugin {holder!r} already holds it (loaded first)")
         sb = SupervisedSandbox(
             plan,
-            launcher=self._launcher,
+            launcher=self._launchers[plan.backend],
             registry=self.registry,
             timing=self._timing,
-            dirs=SandboxDirs(workspace=self._paths.sandboxes / plan.sandbox_id / "workspace", run_dir=self._sockets / plan.sandbox_id),
+            dirs=SandboxDirs(
+                workspace=workspace or self._paths.sandboxes / plan.sandbox_id / "workspace",
+                run_dir=self._sockets / plan.sandbox_id,
+                operator_workspace=workspace is not None,
+            ),
             log=log,
             env=self._env,
-            run_as=self._run_as.get(plan.sandbox_id),
+            run_as=self._user_for(plan),
         )
         self.sandboxes[plan.sandbox_id] = sb
         return sb
@@ -84,13 +94,24 @@ class SandboxManager:
         """Start every sandbox (in parallel), set `ready` once each has settled, and
         run until `stop` is set; then stop them all and return."""
         async with asyncio.TaskGroup() as tg:
+            self._tg = tg
             tasks = [tg.create_task(self._guard(sb), name=f"supervise {sb.id}") for sb in self.sandboxes.values()]
-            await asyncio.gather(*(self._first_start(sb, start_timeout) for sb in self.sandboxes.values()))
+            await asyncio.gather(*(self._first_start(sb, start_timeout) for sb in list(self.sandboxes.values())))
             ready.set()
             await stop.wait()
             await self.stop_all(stop_timeout)
             for t in tasks:
                 t.cancel()
+            self._tg = None
+            for t in self._later:
+                t.cancel()
+
+    def supervise_later(self, sb: SupervisedSandbox) -> None:
+        """Supervise a sandbox added while running (a workspace sandbox created on
+        first use), under the same task group as the others."""
+        if self._tg is None:
+            raise SandboxUnavailable(sb.id, sb.plan.plugin_id, "stopped", "the supervisor is not running")
+        self._later.append(self._tg.create_task(self._guard(sb), name=f"supervise {sb.id}"))
 
     async def _first_start(self, sb: SupervisedSandbox, timeout: float) -> None:
         try:
@@ -117,8 +138,19 @@ class SandboxManager:
                 if sb.inc is not None:
                     sb.inc.child.kill_all()
 
-    async def invoke(self, name: str, args: dict[str, Any] | str, timeout: float | None = None) -> ToolResult:
-        """The one path every tool call takes: the CLI's today, the agent loop's later."""
+    async def invoke(
+        self,
+        name: str,
+        args: dict[str, Any] | str,
+        timeout: float | None = None,
+        *,
+        agent: str | None = None,
+        session: str | None = None,
+        on_output: OutputSink | None = None,
+    ) -> ToolResult:
+        """The one path every tool call takes: the CLI's today, the agent loop's later.
+        `agent` and `session` say who calls (from the caller's context, never from the
+        model's arguments); they pick the workspace sandbox of the core tools."""
         reg = self.registry.get(Kind.TOOL, name)
         if reg is None:
             for sb in self.sandboxes.values():
@@ -127,7 +159,9 @@ class SandboxManager:
                     raise SandboxUnavailable(sb.id, sb.plan.plugin_id, sb.lc.state.value, detail)
             raise ToolNotFound(name, [r.name for r in self.registry.tools()])
         if reg.sandbox_id is None:
-            raise ToolFailed(name, reg.owner, "not_routable", "core tools are not served by a sandbox")
+            if self.workspaces is None or name not in CORE_TOOLS:
+                raise ToolFailed(name, reg.owner, "not_routable", "this core tool has no sandbox to run in")
+            return await self.workspaces.call(name, args, agent=agent, session=session, timeout=timeout, on_output=on_output)
         sb = self.sandboxes[reg.sandbox_id]
         args_json = args if isinstance(args, str) else json.dumps(args)
         return await sb.invoke(name, args_json, timeout)
@@ -138,4 +172,5 @@ class SandboxManager:
     def close(self) -> None:
         for log in self._logs:
             log.close()
-        self._launcher.close()
+        for launcher in self._launchers.values():
+            launcher.close()

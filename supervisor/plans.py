@@ -16,7 +16,7 @@ from supervisor.errors import ConfigError
 from supervisor.lifecycle import RestartPolicy
 from supervisor.supervised import SandboxPlan
 
-AVAILABLE_BACKENDS = frozenset({"process"})
+AVAILABLE_BACKENDS = frozenset({"process", "bwrap"})
 
 
 def build_plans(cfg: ClawsupConfig, *, config_source: str, config_dir: Path, extra_plugins: list[Path]) -> list[SandboxPlan]:
@@ -123,4 +123,5 @@ def _plan(manifest: Manifest, folder: Path, plugin_config: dict[str, Any], r: Sa
             backoff_max_s=rr.backoff_max_seconds if rr.backoff_max_seconds is not None else 30.0,
         ),
         backend=backend,
+        network=bool(r.network) if r.network is not None else False,
     )

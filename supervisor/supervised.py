@@ -17,8 +17,9 @@ import json
 import os
 import secrets
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -36,7 +37,7 @@ from supervisor.errors import (
     ToolFailed,
     ToolTimeout,
 )
-from supervisor.host_client import HostAuthError, HostClient
+from supervisor.host_client import ExecResult, HostAuthError, HostClient
 from supervisor.lifecycle import ALIVE, Lifecycle, RestartPolicy, SandboxState, Transition
 from supervisor.registry import Kind, Registration, Registry
 from supervisor.child_output import ChildOutput
@@ -63,7 +64,8 @@ class SandboxPlan:
 
     sandbox_id: str
     plugin_id: str
-    plugin_dir: Path
+    plugin_dir: Path | None
+    """None for a workspace sandbox, which loads no plugin."""
     plugin_version: str
     entry: str
     declared_tools: frozenset[str]
@@ -71,6 +73,12 @@ class SandboxPlan:
     limits: Limits
     restart: RestartPolicy
     backend: str
+    role: str = "plugin"
+    """`plugin`, or `workspace`: a host of the core exec and file tools, whose
+    registrations the supervisor holds (see supervisor/workspaces.py)."""
+    network: bool = True
+    workspace_tools: dict[str, Any] = field(default_factory=dict)
+    """For `workspace`: handed to the host on its gate (shell, kill grace, read cap)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +87,8 @@ class SandboxDirs:
     """The child's cwd and HOME: `<state>/sandboxes/<id>/workspace`."""
     run_dir: Path
     """The 0700 directory of the child's socket."""
+    operator_workspace: bool = False
+    """The workspace is a folder the operator named: not chmodded, no .tmp in it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +98,9 @@ class Timing:
     heartbeat_timeout_s: float = 1.0
     heartbeat_misses: int = 2
     stop_grace_s: float = 2.0
+
+
+OutputSink = Callable[[bytes], Awaitable[None]]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -137,6 +150,7 @@ class SupervisedSandbox:
         self._launcher = launcher
         self._registry = registry
         self._timing = timing
+        self._dirs = dirs
         self._workspace = dirs.workspace
         self._run_dir = dirs.run_dir
         self._run_as = run_as
@@ -287,17 +301,21 @@ class SupervisedSandbox:
         )
 
     async def _launch(self) -> Child:
-        self._workspace.mkdir(parents=True, exist_ok=True)
-        # Enter-only: a child running as another user reaches its workspace by name.
-        os.chmod(self._workspace.parent, 0o711)
-        os.chmod(self._workspace, 0o700)
-        (self._workspace / ".tmp").mkdir(exist_ok=True)
+        env = dict(self._env)
+        if self._dirs.operator_workspace:
+            # The operator's own folder (`clawsup exec run --workspace`): used as is.
+            env.update(HOME=str(self._workspace))
+        else:
+            self._workspace.mkdir(parents=True, exist_ok=True)
+            # Enter-only: a child running as another user reaches its workspace by name.
+            os.chmod(self._workspace.parent, 0o711)
+            os.chmod(self._workspace, 0o700)
+            (self._workspace / ".tmp").mkdir(exist_ok=True)
+            env.update(HOME=str(self._workspace), TMPDIR=str(self._workspace / ".tmp"))
         self._run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self._run_dir, 0o700)
         supervisor_token, host_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         self._tokens = (supervisor_token, host_token)
-        env = dict(self._env)
-        env.update(HOME=str(self._workspace), TMPDIR=str(self._workspace / ".tmp"))
         spec = LaunchSpec(
             sandbox_id=self.id,
             plugin_dir=self.plan.plugin_dir,
@@ -306,6 +324,7 @@ class SupervisedSandbox:
             run_as=self._run_as,
             limits=self.plan.limits,
             env=env,
+            network=self.plan.network,
             gate=GatePayload(
                 sandbox_id=self.id,
                 supervisor_token=supervisor_token,
@@ -314,6 +333,8 @@ class SupervisedSandbox:
                 plugin_version=self.plan.plugin_version,
                 entry=self.plan.entry,
                 plugin_config=self.plan.plugin_config,
+                role=self.plan.role,
+                workspace_tools=self.plan.workspace_tools,
             ),
         )
         return await self._launcher.launch(spec)
@@ -358,7 +379,8 @@ class SupervisedSandbox:
             return
         if self.lc.state is not S.STARTING:
             return  # being stopped meanwhile: the kill is already on its way
-        self._accept(desc.tools)
+        if self.plan.role == "plugin":
+            self._accept(desc.tools)
         self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._heartbeat(inc), name=f"{self.id}#{inc.number} heartbeat")
@@ -486,10 +508,8 @@ class SupervisedSandbox:
     # -- calls -----------------------------------------------------------------------
 
     async def invoke(self, tool: str, args_json: str, timeout: float | None) -> ToolResult:
-        inc = self.inc
-        if self.lc.state is not S.READY or inc is None or inc.client is None:
-            detail = f"last exit: {self.lc.last_exit.describe()}" if self.lc.last_exit else ""
-            raise SandboxUnavailable(self.id, self.plan.plugin_id, self.lc.state.value, detail)
+        inc = self._ready_incarnation()
+        assert inc.client is not None
         limit = min(timeout, self.plan.limits.call_timeout_s) if timeout else self.plan.limits.call_timeout_s
         call = inc.client.invoke(tool, args_json, f"{inc.number}-{next(inc.call_ids)}", limit, TIMEOUT_MARGIN_S)
         inc.inflight.add(call)
@@ -514,6 +534,43 @@ class SupervisedSandbox:
         if outcome.traceback:
             self.log.event(f"tool {tool!r} raised: {outcome.text}")
         raise ToolFailed(tool, self.plan.plugin_id, outcome.error_kind, outcome.text)
+
+    async def exec(
+        self, command: str, *, workdir: str, timeout: float, output_cap: int, kill_grace: float, on_output: OutputSink | None
+    ) -> ExecResult:
+        """Runs one (already screened) command in this workspace sandbox; output goes
+        to `on_output` as it comes. The host enforces `timeout`; a death on the way
+        raises SandboxDied, like a tool call."""
+        inc = self._ready_incarnation()
+        assert inc.client is not None
+        call = inc.client.exec(command, workdir, timeout, output_cap, f"{inc.number}-{next(inc.call_ids)}", kill_grace + 2 + TIMEOUT_MARGIN_S)
+        inc.inflight.add(call)
+        try:
+            async for item in inc.client.exec_events(call):
+                if isinstance(item, ExecResult):
+                    return item
+                if on_output is not None:
+                    await on_output(item)
+            raise ToolFailed("exec", self.plan.plugin_id, "transport", "the sandbox ended the stream without a result")
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if inc.died.done() and (task is None or not task.cancelling()):
+                raise self._died_error(inc.died.result()) from None
+            raise
+        except grpc.aio.AioRpcError as e:
+            raise await self._rpc_failure(inc, "exec", timeout, e) from None
+        except HostAuthError as e:
+            raise ToolFailed("exec", self.plan.plugin_id, "auth", str(e)) from None
+        finally:
+            call.cancel()
+            inc.inflight.discard(call)
+
+    def _ready_incarnation(self) -> Incarnation:
+        inc = self.inc
+        if self.lc.state is not S.READY or inc is None or inc.client is None:
+            detail = f"last exit: {self.lc.last_exit.describe()}" if self.lc.last_exit else ""
+            raise SandboxUnavailable(self.id, self.plan.plugin_id, self.lc.state.value, detail)
+        return inc
 
     async def _rpc_failure(self, inc: Incarnation, tool: str, limit: float, e: grpc.aio.AioRpcError) -> ClawsupError:
         if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -60,6 +60,9 @@ def make_config(**overrides: Any) -> dict[str, Any]:
             "heartbeatMisses": 2,
             "stopGraceSeconds": 1,
         },
+        # Workspace sandboxes start on first use only, so that plugin tests see just
+        # their plugins; tests of the core tools set the scope they exercise.
+        "agents": {"defaults": {"sandbox": {"scope": "session"}}},
     }
     for path, value in overrides.items():
         node = cfg

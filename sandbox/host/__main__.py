@@ -54,10 +54,11 @@ def main(argv: list[str] | None = None) -> None:
             "Use `clawsup start --plugin DIR` to run a plugin."
         ),
     )
-    p.add_argument("--plugin-dir", required=True)
+    p.add_argument("--plugin-dir", default="", help="empty for a workspace host")
     p.add_argument("--socket", required=True)
     p.add_argument("--gate-fd", type=int, required=True)
     p.add_argument("--parent-pid", type=int, required=True)
+    p.add_argument("--workdir", help="chdir here once privileges are dropped (bwrap: the workspace is the child's own, 0700)")
     args = p.parse_args(argv)
 
     _die_with_parent(args.parent_pid)
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     if gate.run_as is not None:
         _drop_privileges(*gate.run_as)
         _die_with_parent(args.parent_pid)
+    if args.workdir:
+        os.chdir(args.workdir)
 
     from sandbox.host.server import run
 

@@ -21,8 +21,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from clawsup.v1 import host_pb2 as pb
 from clawsup.v1 import host_pb2_grpc as pb_grpc
-from sandbox.api import PluginApi, Tool
+from sandbox.api import PluginApi, Tool, ToolError
 from sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY, GatePayload, format_handshake
+from sandbox.host.exec_runner import ExecRunner, become_subreaper
+from sandbox.host.files import Workspace
 from sandbox.host.link import SupervisorLink
 from sandbox.host.loader import load_plugin
 
@@ -75,7 +77,11 @@ class HostServicer(pb_grpc.HostServicer):
         supervisor_token: str,
         host_token: str,
         stop: asyncio.Event,
+        runner: ExecRunner | None = None,
+        workspace: Workspace | None = None,
     ) -> None:
+        self._runner = runner
+        self._workspace = workspace
         self._token = supervisor_token
         self._api = api
         self._version = plugin_version
@@ -126,6 +132,8 @@ class HostServicer(pb_grpc.HostServicer):
                 value = await self._run_sync(tool, args, timeout, request.call_id)
         except TimeoutError:
             return _failure(Kind.TIMED_OUT, f"tool {tool.name!r} did not finish within {timeout:g} s")
+        except ToolError as e:
+            return _failure(Kind.TOOL_ERROR, str(e))
         except Exception as e:
             tb = traceback.format_exc()
             print(f"tool {tool.name!r} (call {request.call_id}) raised:\n{tb}", file=sys.stderr, flush=True)
@@ -159,6 +167,39 @@ class HostServicer(pb_grpc.HostServicer):
 
         fut.add_done_callback(finished)
 
+    async def Exec(self, request: pb.ExecRequest, context: grpc.aio.ServicerContext) -> None:
+        await _require_token(context, self._token)
+        if self._runner is None or self._workspace is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this host serves a plugin, not a workspace")
+        assert self._runner is not None and self._workspace is not None
+        # The host token leads the stream: the supervisor checks it before it passes
+        # on a single byte of output.
+        await context.send_initial_metadata(self._host_md)
+        try:
+            cwd = self._workspace.directory(request.workdir or ".")
+            outcome = await self._runner.run(
+                request.command,
+                cwd=cwd,
+                timeout_s=max(request.timeout_ms, 1) / 1000,
+                cap=max(request.output_cap, 2),
+                emit=lambda data: context.write(pb.ExecEvent(output=data)),
+            )
+        except (ToolError, OSError) as e:
+            await context.write(pb.ExecEvent(result=pb.ExecResult(error=str(e))))
+            return
+        await context.write(
+            pb.ExecEvent(
+                result=pb.ExecResult(
+                    exit_code=outcome.exit_code,
+                    signal=outcome.signal,
+                    timed_out=outcome.timed_out,
+                    truncated=outcome.truncated,
+                    duration_s=outcome.duration_s,
+                    output_bytes=outcome.output_bytes,
+                )
+            )
+        )
+
     async def Shutdown(self, request: pb.ShutdownRequest, context: grpc.aio.ServicerContext) -> pb.ShutdownResponse:
         await _require_token(context, self._token)
         context.set_trailing_metadata(self._host_md)
@@ -186,7 +227,17 @@ def _failure(kind: int, message: str, tb: str = "") -> pb.InvokeToolResponse:
 async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
     loop = asyncio.get_running_loop()
     link = SupervisorLink(loop)
-    api = load_plugin(plugin_dir, gate.plugin_id, gate.entry, gate.plugin_config, Path.cwd())
+    runner = workspace = None
+    if gate.role == "workspace":
+        # The core exec and file tools, on the workspace that is our cwd. No plugin.
+        w = gate.workspace_tools
+        api = PluginApi(plugin_id=gate.plugin_id, config={}, workspace=Path.cwd())
+        workspace = Workspace(os.getcwd(), read_max_bytes=int(w.get("read_max_bytes", 256 * 1024)))
+        workspace.register(api)
+        runner = ExecRunner(shell=str(w.get("shell", "/bin/sh")), kill_grace_s=float(w.get("kill_grace_s", 2.0)), env=dict(os.environ))
+        become_subreaper()
+    else:
+        api = load_plugin(plugin_dir, gate.plugin_id, gate.entry, gate.plugin_config, Path.cwd())
     api._outbox = link.request
     api._post = link.post
 
@@ -202,6 +253,8 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
             supervisor_token=gate.supervisor_token,
             host_token=gate.host_token,
             stop=stop,
+            runner=runner,
+            workspace=workspace,
         ),
         server,
     )

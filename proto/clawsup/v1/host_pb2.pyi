@@ -65,12 +65,14 @@ class ToolFailure(_message.Message):
         BAD_ARGUMENTS: _ClassVar[ToolFailure.Kind]
         TIMED_OUT: _ClassVar[ToolFailure.Kind]
         BAD_RESULT: _ClassVar[ToolFailure.Kind]
+        TOOL_ERROR: _ClassVar[ToolFailure.Kind]
     KIND_UNSPECIFIED: ToolFailure.Kind
     HANDLER_RAISED: ToolFailure.Kind
     UNKNOWN_TOOL: ToolFailure.Kind
     BAD_ARGUMENTS: ToolFailure.Kind
     TIMED_OUT: ToolFailure.Kind
     BAD_RESULT: ToolFailure.Kind
+    TOOL_ERROR: ToolFailure.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +80,46 @@ class ToolFailure(_message.Message):
     message: str
     traceback: str
     def __init__(self, kind: _Optional[_Union[ToolFailure.Kind, str]] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
+
+class ExecRequest(_message.Message):
+    __slots__ = ("command", "workdir", "timeout_ms", "output_cap", "call_id")
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_CAP_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    command: str
+    workdir: str
+    timeout_ms: int
+    output_cap: int
+    call_id: str
+    def __init__(self, command: _Optional[str] = ..., workdir: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., output_cap: _Optional[int] = ..., call_id: _Optional[str] = ...) -> None: ...
+
+class ExecEvent(_message.Message):
+    __slots__ = ("output", "result")
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    output: bytes
+    result: ExecResult
+    def __init__(self, output: _Optional[bytes] = ..., result: _Optional[_Union[ExecResult, _Mapping]] = ...) -> None: ...
+
+class ExecResult(_message.Message):
+    __slots__ = ("exit_code", "signal", "timed_out", "truncated", "duration_s", "output_bytes", "error")
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    exit_code: int
+    signal: int
+    timed_out: bool
+    truncated: bool
+    duration_s: float
+    output_bytes: int
+    error: str
+    def __init__(self, exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., timed_out: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., output_bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("reason",)

@@ -44,6 +44,11 @@ class HostStub:
                 request_serializer=clawsup_dot_v1_dot_host__pb2.InvokeToolRequest.SerializeToString,
                 response_deserializer=clawsup_dot_v1_dot_host__pb2.InvokeToolResponse.FromString,
                 _registered_method=True)
+        self.Exec = channel.unary_stream(
+                '/clawsup.v1.Host/Exec',
+                request_serializer=clawsup_dot_v1_dot_host__pb2.ExecRequest.SerializeToString,
+                response_deserializer=clawsup_dot_v1_dot_host__pb2.ExecEvent.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/clawsup.v1.Host/Shutdown',
                 request_serializer=clawsup_dot_v1_dot_host__pb2.ShutdownRequest.SerializeToString,
@@ -70,6 +75,18 @@ class HostServicer:
     def InvokeTool(self, request, context):
         """Runs one tool handler. The gRPC deadline is the call's timeout; the host also
         receives it as `timeout_ms` so that it can cancel an async handler in time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Exec(self, request, context):
+        """Runs one shell command in the workspace (workspace hosts only; a plugin host
+        answers UNIMPLEMENTED). The supervisor has already screened it. Output streams
+        as it comes, within the cap: the head live, then the tail with a marker; the
+        last message is the result. The host enforces `timeout_ms` itself (SIGTERM to
+        the command's group, SIGKILL after the grace); the gRPC deadline is a margin
+        beyond it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -105,6 +122,11 @@ def add_HostServicer_to_server(servicer, server):
                     servicer.InvokeTool,
                     request_deserializer=clawsup_dot_v1_dot_host__pb2.InvokeToolRequest.FromString,
                     response_serializer=clawsup_dot_v1_dot_host__pb2.InvokeToolResponse.SerializeToString,
+            ),
+            'Exec': grpc.unary_stream_rpc_method_handler(
+                    servicer.Exec,
+                    request_deserializer=clawsup_dot_v1_dot_host__pb2.ExecRequest.FromString,
+                    response_serializer=clawsup_dot_v1_dot_host__pb2.ExecEvent.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -171,6 +193,33 @@ class Host:
             '/clawsup.v1.Host/InvokeTool',
             clawsup_dot_v1_dot_host__pb2.InvokeToolRequest.SerializeToString,
             clawsup_dot_v1_dot_host__pb2.InvokeToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Exec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/clawsup.v1.Host/Exec',
+            clawsup_dot_v1_dot_host__pb2.ExecRequest.SerializeToString,
+            clawsup_dot_v1_dot_host__pb2.ExecEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,306 @@
+"""The core tools that act on a workspace (`exec`, `read`, `write`, `edit`,
+`list_dir`, OpenClaw's names, so `group:fs` and `group:runtime` carry over) and the
+workspace sandboxes they run in.
+
+The supervisor owns these registrations (owner `core`): they stay registered while a
+workspace sandbox restarts, and a call meanwhile gets `SandboxUnavailable`. Which
+sandbox serves a call follows from who is calling (the agent, the session) and the
+configured scope, never from the tool's arguments: the model cannot pick a workspace
+or an identity. Arguments are checked here, at the edge, by pydantic; `exec`
+commands are screened here (supervisor/exec_screen.py) before anything is sent.
+
+Created by the gateway (and by `clawsup exec run`); lives as long as the manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandbox.bwrap import bwrap_problem
+from sandbox.launcher import Limits, MiB
+from sandbox.manifest import format_validation_error
+from supervisor.config import ClawsupConfig
+from supervisor.errors import BadToolArguments, ConfigError, ExecBlocked
+from supervisor.exec_screen import ExecScreen
+from supervisor.lifecycle import RestartPolicy, SandboxState
+from supervisor.registry import CORE_OWNER, Kind, Registration, Registry
+from supervisor.supervised import SETTLED, OutputSink, SandboxPlan, SupervisedSandbox, ToolResult
+
+DEFAULT_AGENT = "main"
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ExecArgs(_Args):
+    command: str = Field(min_length=1, max_length=100_000, description="A shell command, run with /bin/sh -c in the workspace.")
+    workdir: str | None = Field(default=None, description="A folder inside the workspace to run in (default: the workspace).")
+    timeout: float | None = Field(default=None, gt=0, description="Seconds before the command is stopped (default 60).")
+
+
+class ReadArgs(_Args):
+    path: str = Field(min_length=1)
+    offset: int | None = Field(default=None, ge=1)
+    limit: int | None = Field(default=None, ge=1)
+
+
+class WriteArgs(_Args):
+    path: str = Field(min_length=1)
+    content: str
+
+
+class EditArgs(_Args):
+    path: str = Field(min_length=1)
+    old_string: str = Field(min_length=1)
+    new_string: str
+
+
+class ListDirArgs(_Args):
+    path: str = "."
+
+
+@dataclass(frozen=True)
+class CoreTool:
+    name: str
+    description: str
+    args: type[_Args]
+
+
+CORE_TOOLS: dict[str, CoreTool] = {
+    t.name: t
+    for t in (
+        CoreTool(
+            "exec",
+            "Run a shell command in your workspace sandbox. Returns its output (head and tail when long), exit code "
+            "or signal, and whether it timed out. Dangerous commands are refused before they run.",
+            ExecArgs,
+        ),
+        CoreTool("read", "Read a text file of the workspace. Long files: pass offset (first line, 1-based) and limit (lines).", ReadArgs),
+        CoreTool("write", "Create or overwrite a file in the workspace; missing parent folders are created.", WriteArgs),
+        CoreTool("edit", "Replace one exact, unique occurrence of old_string with new_string in a workspace file.", EditArgs),
+        CoreTool("list_dir", "List a folder of the workspace: names, types, and sizes of files.", ListDirArgs),
+    )
+}
+
+
+def register_core_tools(registry: Registry) -> None:
+    for t in CORE_TOOLS.values():
+        schema = t.args.model_json_schema()
+        schema.pop("title", None)
+        registry.register(
+            Registration(kind=Kind.TOOL, name=t.name, owner=CORE_OWNER, sandbox_id=None, description=t.description, input_schema=schema)
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecSettings:
+    timeout_s: float = 60.0
+    max_timeout_s: float = 600.0
+    max_output_bytes: int = 64 * 1024
+    kill_grace_s: float = 2.0
+    shell: str = "/bin/sh"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkspaceSettings:
+    scope: str = "agent"
+    backend: str = "process"
+    network: bool = False
+    limits: Limits = field(default_factory=lambda: Limits(memory_bytes=1024 * MiB, max_processes=256, cpu_seconds=3600, max_file_size_bytes=256 * MiB))
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    exec: ExecSettings = field(default_factory=ExecSettings)
+    screen: ExecScreen = field(default_factory=ExecScreen)
+    read_max_bytes: int = 256 * 1024
+    idle_stop_s: float = 600.0
+
+
+def workspace_sandbox_id(scope: str, agent: str, session: str | None) -> str:
+    if scope == "shared":
+        return "workspace"
+    if scope == "session" and session:
+        digest = hashlib.sha256(f"{agent}\0{session}".encode()).hexdigest()[:12]
+        return f"workspace-{_slug(agent)}-s{digest}"
+    return f"workspace-{_slug(agent)}"
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_.-]", "_", s)[:40] or "_"
+
+
+class Workspaces:
+    """Routes core tool calls to the right workspace sandbox, creating and starting
+    it on first use (through the manager, which supervises it like any sandbox)."""
+
+    def __init__(self, manager: Any, settings: WorkspaceSettings) -> None:
+        self._manager = manager
+        self.settings = settings
+        self._starting: dict[str, asyncio.Task[SupervisedSandbox]] = {}
+        self._last_used: dict[str, float] = {}
+
+    def plan_for(self, sandbox_id: str) -> SandboxPlan:
+        s = self.settings
+        return SandboxPlan(
+            sandbox_id=sandbox_id,
+            plugin_id=sandbox_id,
+            plugin_dir=None,
+            plugin_version="core",
+            entry="",
+            declared_tools=frozenset(),
+            plugin_config={},
+            limits=replace(s.limits, call_timeout_s=max(s.limits.call_timeout_s, 30.0)),
+            restart=s.restart,
+            backend=s.backend,
+            role="workspace",
+            network=s.network,
+            workspace_tools={"shell": s.exec.shell, "kill_grace_s": s.exec.kill_grace_s, "read_max_bytes": s.read_max_bytes},
+        )
+
+    def sandbox_id(self, agent: str | None, session: str | None) -> str:
+        return workspace_sandbox_id(self.settings.scope, agent or DEFAULT_AGENT, session)
+
+    async def sandbox(self, agent: str | None, session: str | None, start_timeout: float = 30.0) -> SupervisedSandbox:
+        sid = self.sandbox_id(agent, session)
+        self._last_used[sid] = asyncio.get_running_loop().time()
+        sb = self._manager.sandboxes.get(sid)
+        if sb is None:
+            sb = self._manager.add(self.plan_for(sid))
+            self._manager.supervise_later(sb)
+        if sb.lc.state is SandboxState.STOPPED:
+            await sb.start(start_timeout)
+        elif sb.lc.state is SandboxState.STARTING:
+            await sb.wait_state(SETTLED, start_timeout)
+        return sb
+
+    async def call(
+        self, name: str, args: dict[str, Any] | str, *, agent: str | None, session: str | None, timeout: float | None, on_output: OutputSink | None
+    ) -> ToolResult:
+        tool = CORE_TOOLS[name]
+        parsed = _parse_args(tool, args)
+        if isinstance(parsed, ExecArgs):
+            return await self._exec(parsed, agent=agent, session=session, on_output=on_output)
+        sb = await self.sandbox(agent, session)
+        return await sb.invoke(name, parsed.model_dump_json(exclude_none=True), timeout)
+
+    def screen(self, command: str) -> None:
+        verdict = self.settings.screen.check(command)
+        if not verdict.allowed:
+            assert verdict.rule is not None and verdict.segment is not None
+            logger.info("exec refused by rule {!r}: {!r}", verdict.rule, verdict.segment)
+            raise ExecBlocked(verdict.rule, verdict.segment, verdict.explain())
+
+    async def _exec(self, a: ExecArgs, *, agent: str | None, session: str | None, on_output: OutputSink | None) -> ToolResult:
+        e = self.settings.exec
+        if a.timeout is not None and a.timeout > e.max_timeout_s:
+            raise BadToolArguments("exec", f"timeout: at most {e.max_timeout_s:g} seconds, got {a.timeout:g}")
+        self.screen(a.command)
+        sb = await self.sandbox(agent, session)
+        chunks: list[bytes] = []
+
+        async def sink(data: bytes) -> None:
+            chunks.append(data)
+            if on_output is not None:
+                await on_output(data)
+
+        r = await sb.exec(
+            a.command,
+            workdir=a.workdir or "",
+            timeout=a.timeout or e.timeout_s,
+            output_cap=e.max_output_bytes,
+            kill_grace=e.kill_grace_s,
+            on_output=sink,
+        )
+        if r.error:
+            raise BadToolArguments("exec", r.error)
+        out = {
+            "output": b"".join(chunks).decode("utf-8", errors="replace"),
+            "exit_code": r.exit_code,
+            "signal": r.signal,
+            "timed_out": r.timed_out,
+            "truncated": r.truncated,
+            "duration_s": round(r.duration_s, 4),
+        }
+        return ToolResult(text=json.dumps(out), is_json=True)
+
+    async def stop_idle(self) -> None:
+        """Per-session sandboxes nobody called for `idle_stop_s` are stopped (their
+        files stay; the next call starts them again)."""
+        if self.settings.scope != "session":
+            return
+        now = asyncio.get_running_loop().time()
+        for sid, t in list(self._last_used.items()):
+            sb = self._manager.sandboxes.get(sid)
+            if sb is not None and now - t > self.settings.idle_stop_s and sb.lc.state is SandboxState.READY:
+                del self._last_used[sid]
+                await sb.stop("idle", 10.0)
+
+
+def _parse_args(tool: CoreTool, args: dict[str, Any] | str) -> _Args:
+    try:
+        if isinstance(args, str):
+            return tool.args.model_validate_json(args or "{}")
+        return tool.args.model_validate(args)
+    except ValidationError as e:
+        raise BadToolArguments(tool.name, format_validation_error(e)) from None
+
+
+def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSettings:
+    """Resolves `agents.defaults.sandbox` and `tools` into settings; `auto` becomes
+    bwrap where bwrap works, else process (with a warning, since the process backend
+    is no security boundary)."""
+    a = cfg.agents.defaults.sandbox
+    backend = a.backend
+    if backend == "auto":
+        problem = bwrap_problem()
+        backend = "bwrap" if not problem else "process"
+        if problem:
+            logger.warning(
+                "exec and file tools run under the process backend, which is NOT a security boundary ({}); "
+                "install bubblewrap to contain them",
+                problem,
+            )
+    elif backend == "bwrap" and (problem := bwrap_problem()):
+        raise ConfigError(source, [f"agents.defaults.sandbox.backend: {problem}"])
+    e = cfg.tools.exec
+    d = cfg.sandbox.defaults
+    return WorkspaceSettings(
+        scope=a.scope,
+        backend=backend,
+        network=a.network,
+        limits=Limits(
+            memory_bytes=a.memory_mb * MiB,
+            max_processes=a.max_processes,
+            cpu_seconds=a.cpu_seconds,
+            max_file_size_bytes=a.max_file_size_mb * MiB,
+            max_open_files=max(d.max_open_files, 1024),
+        ),
+        restart=RestartPolicy(
+            max_restarts=d.restart.max_restarts if d.restart.max_restarts is not None else 5,
+            period_s=d.restart.period_seconds or 60.0,
+            backoff_initial_s=d.restart.backoff_initial_seconds if d.restart.backoff_initial_seconds is not None else 0.5,
+            backoff_max_s=d.restart.backoff_max_seconds if d.restart.backoff_max_seconds is not None else 30.0,
+        ),
+        exec=ExecSettings(
+            timeout_s=min(e.timeout_seconds, e.max_timeout_seconds),
+            max_timeout_s=e.max_timeout_seconds,
+            max_output_bytes=e.max_output_bytes,
+            kill_grace_s=e.kill_grace_seconds,
+            shell=e.shell,
+        ),
+        screen=screen_from_config(cfg),
+        read_max_bytes=cfg.tools.fs.read_max_bytes,
+        idle_stop_s=a.idle_stop_seconds,
+    )
+
+
+def screen_from_config(cfg: ClawsupConfig) -> ExecScreen:
+    e = cfg.tools.exec
+    return ExecScreen.build(use_defaults=e.deny_defaults, deny={k: p.pattern for k, p in e.deny.items()}, allow=[p.pattern for p in e.allow])
