@@ -89,7 +89,7 @@ def _choose_child_users(run_as: str, paths: StatePaths, plans: list[SandboxPlan]
         return {}, paths.host_sockets()
     paths.open_path_for_children()
     sockets = paths.host_sockets(other_uid=True)
-    users, why = child_users_for(run_as, ids, sorted({p.plugin_dir for p in plans}), reach=[paths.sandboxes, sockets])
+    users, why = child_users_for(run_as, ids, sorted({p.plugin_dir for p in plans if p.plugin_dir is not None}), reach=[paths.sandboxes, sockets])
     if why and run_as != "auto":
         raise ConfigError(source, [why])
     if not users:
@@ -126,7 +126,14 @@ def _user_policy(run_as: str, process_users: dict[str, ChildUser]) -> Callable[[
                 return sandbox_uids([plan.sandbox_id])[plan.sandbox_id]
             pw = pwd.getpwuid(int(run_as)) if run_as.isdigit() else pwd.getpwnam(run_as)
             return ChildUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
-        return process_users.get(plan.sandbox_id)
+        if plan.sandbox_id in process_users:
+            return process_users[plan.sandbox_id]
+        if plan.role == "workspace" and process_users and run_as == "auto":
+            # Own uids work here (the probe said so): one for each workspace sandbox.
+            return sandbox_uids([plan.sandbox_id])[plan.sandbox_id]
+        if plan.role == "workspace" and process_users:
+            return next(iter(process_users.values()))
+        return None
 
     return user_for
 
@@ -148,6 +155,9 @@ async def run_gateway(opts: GatewayOptions) -> int:
         s = cfg.sandbox
         workspace = settings_from_config(cfg, source=str(cfg_path))
         process_plans = [p for p in plans if p.backend == "process"]
+        if workspace.backend == "process":
+            # Probe for the workspace sandboxes too, even if no plugin runs on process.
+            process_plans.append(Workspaces(None, workspace).plan_for("workspace"))
         users, sockets = _choose_child_users(s.run_as, paths, process_plans, str(cfg_path))
         need_bwrap = workspace.backend == "bwrap" or any(p.backend == "bwrap" for p in plans)
         if need_bwrap and (problem := bwrap_problem()):

@@ -227,6 +227,7 @@ class Workspaces:
             "timed_out": r.timed_out,
             "truncated": r.truncated,
             "duration_s": round(r.duration_s, 4),
+            "output_bytes": r.output_bytes,
         }
         return ToolResult(text=json.dumps(out), is_json=True)
 

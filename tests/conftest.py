@@ -73,6 +73,26 @@ def make_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
+def require_bwrap() -> None:
+    """The bwrap backend's tests need bubblewrap and namespaces; CI installs it
+    (.ci/run), so there a missing bwrap is a failure."""
+    from sandbox.bwrap import bwrap_problem
+
+    problem = bwrap_problem()
+    if not problem:
+        return
+    if IN_CI:
+        pytest.fail(f"bwrap backend unavailable in CI: {problem}")
+    pytest.skip(problem)
+
+
+def workspace_config(backend: str, **overrides: Any) -> dict[str, Any]:
+    """A test config whose default agent has a workspace sandbox on `backend`,
+    started with the gateway."""
+    cfg = make_config(agents__defaults__sandbox={"scope": "agent", "backend": backend}, **overrides)
+    return cfg
+
+
 class Gateway:
     """One running `clawsup start`."""
 
@@ -121,6 +141,18 @@ class Gateway:
         if timeout is not None:
             req["timeout"] = timeout
         return self.client.request(req)
+
+    def exec(self, command: str, timeout: float | None = None, **extra: Any) -> dict[str, Any]:
+        """The exec tool's result (a dict), or raises AssertionError with the error."""
+        args: dict[str, Any] = {"command": command, **extra}
+        if timeout is not None:
+            args["timeout"] = timeout
+        resp = self.client.request({"op": "call", "name": "exec", "args": args})
+        assert resp["ok"], resp
+        return resp["data"]["result"]
+
+    def workspace(self, sandbox: str = "workspace-main") -> Path:
+        return self.state / "sandboxes" / sandbox / "workspace"
 
     def tools(self) -> dict[str, str]:
         return {t["name"]: t["owner"] for t in self.request(op="tools")["data"]["tools"]}
@@ -198,6 +230,27 @@ def state_dir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def module_gateways() -> Iterator[Any]:
+    """Gateways shared by a module's tests (each test must leave them as found):
+    `module_gateways(key, config)` starts one per key on first use."""
+    started: dict[str, tuple[Gateway, Path]] = {}
+
+    def get(key: str, config: dict[str, Any], env: dict[str, str] | None = None) -> Gateway:
+        if key not in started:
+            d = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))
+            started[key] = (Gateway(d, config, [], env), d)
+        return started[key][0]
+
+    yield get
+    for gw, d in started.values():
+        try:
+            gw.stop()
+        except Exception:
+            gw.kill()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -105,23 +106,32 @@ class ExecRunner:
     async def _run(
         self, command: str, *, cwd: str, timeout_s: float, cap: int, emit: Callable[[bytes], Awaitable[None]], t0: float
     ) -> ExecOutcome:
-        proc = await asyncio.create_subprocess_exec(
-            self.shell, "-c", command,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        # Popen and a pidfd rather than asyncio's subprocess: its wait() returns only
+        # once every pipe is closed, and a daemon that escaped the group would hold
+        # ours for as long as it lives. (No child-watcher thread, either.)
+        loop = asyncio.get_running_loop()
+        proc = subprocess.Popen(
+            [self.shell, "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             cwd=cwd,
             env=self.env,
             start_new_session=True,
-        )  # fmt: skip
+            close_fds=True,
+        )
         self._running.add(proc.pid)
+        pidfd = os.pidfd_open(proc.pid)
+        exited: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        assert proc.stdout is not None
+        stream = asyncio.StreamReader(limit=READ_CHUNK)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), proc.stdout)
         out = OutputCap(cap)
         result = ExecOutcome()
-        assert proc.stdout is not None
-        stdout = proc.stdout
 
         async def pump() -> None:
-            while chunk := await stdout.read(READ_CHUNK):
+            while chunk := await stream.read(READ_CHUNK):
                 now = out.feed(chunk)
                 if now:
                     await emit(now)
@@ -131,19 +141,22 @@ class ExecRunner:
                 reader = tg.create_task(pump())
                 try:
                     async with asyncio.timeout(timeout_s):
-                        await proc.wait()
+                        await asyncio.shield(exited)
                 except TimeoutError:
                     result.timed_out = True
                     _killpg(proc.pid, signal.SIGTERM)
                     try:
                         async with asyncio.timeout(self.kill_grace_s):
-                            await proc.wait()
+                            await asyncio.shield(exited)
                     except TimeoutError:
                         pass
                 # The group outlives its leader when something ran in the background;
                 # the command is over, so is the rest of it.
                 _killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
+                await exited
+                status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+                assert status is not None
+                proc.returncode = status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
                 self._running.discard(proc.pid)
                 if self._busy == 1:
                     self._sweep_orphans()
@@ -153,14 +166,19 @@ class ExecRunner:
                 except TimeoutError:
                     reader.cancel()
         finally:
+            loop.remove_reader(pidfd)
             self._running.discard(proc.pid)
             if proc.returncode is None:
                 _killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+                proc.returncode = -signal.SIGKILL
+            os.close(pidfd)
+            transport.close()
         tail = out.finish()
         if tail:
             await emit(tail)
         rc = proc.returncode
-        assert rc is not None
         if rc < 0:
             result.signal = -rc
         else:
