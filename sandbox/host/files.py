@@ -55,11 +55,22 @@ class Workspace:
             os.close(fd)
             raise ToolError(f"{path!r} leads outside the workspace (through a symlink)")
 
+    def _reopen(self, fd: int, flags: int) -> int:
+        """The checked O_PATH descriptor's very inode, opened for real use."""
+        try:
+            return os.open(f"/proc/self/fd/{fd}", flags | _OPEN_CHECK)
+        finally:
+            os.close(fd)
+
     @contextlib.contextmanager
     def _open(self, path: str, flags: int) -> Iterator[int]:
         full = self._lexical(path)
         try:
-            fd = os.open(full, flags | _OPEN_CHECK)
+            # O_PATH first: checking needs no permission and has no side effect;
+            # only a descriptor found inside is then opened for reading or writing.
+            fd = os.open(full, os.O_PATH | os.O_CLOEXEC | (flags & os.O_DIRECTORY))
+            self._verify(fd, path)
+            fd = self._reopen(fd, flags)
         except FileNotFoundError:
             raise ToolError(f"{path!r} does not exist") from None
         except IsADirectoryError:
@@ -68,7 +79,6 @@ class Workspace:
             raise ToolError(f"{path!r}: a part of it is not a directory") from None
         except PermissionError:
             raise ToolError(f"{path!r}: permission denied") from None
-        self._verify(fd, path)
         try:
             yield fd
         finally:
@@ -129,9 +139,11 @@ class Workspace:
                 if e.errno != 40:  # ELOOP: the last component is a symlink
                     raise
                 try:
-                    fd = os.open(name, os.O_WRONLY | _OPEN_CHECK, dir_fd=dfd)
+                    fd = os.open(name, os.O_PATH | os.O_CLOEXEC, dir_fd=dfd)
                 except FileNotFoundError:
                     raise ToolError(f"{path!r} is a symlink to a missing file; not following it") from None
+                self._verify(fd, path)
+                fd = self._reopen(fd, os.O_WRONLY)
                 created = False
         except IsADirectoryError:
             raise ToolError(f"{path!r} is a directory") from None
