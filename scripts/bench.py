@@ -13,6 +13,11 @@ Figures (see issue 2):
       baseline: SIGKILL of an idle bare grpc.aio server child -> its pidfd readable
   (d) unique memory (USS) of an idle sandbox
       baseline: USS of an idle bare grpc.aio server child
+Figures (issue 3):
+  (e) the exec tool running `true`, end to end through SandboxManager.invoke (screen,
+      workspace sandbox on the process backend, Exec stream, result)
+      baseline: asyncio.create_subprocess_exec('/bin/true') and wait, in this process
+  (f) the same on the bwrap backend (skipped, and said, when bwrap is unavailable)
 """
 
 from __future__ import annotations
@@ -39,12 +44,14 @@ sys.path.insert(0, str(ROOT))
 
 from sandbox.cgroup import CgroupRoot  # noqa: E402
 from sandbox.launcher import Limits, MiB  # noqa: E402
-from sandbox.process import ProcessLauncher  # noqa: E402
+from sandbox.bwrap import BwrapLauncher, bwrap_problem  # noqa: E402
+from sandbox.process import ProcessLauncher, Warden  # noqa: E402
 from supervisor.lifecycle import RestartPolicy, SandboxState, Transition  # noqa: E402
 from supervisor.manager import SandboxManager  # noqa: E402
 from supervisor.paths import StatePaths  # noqa: E402
 from supervisor.registry import Registry  # noqa: E402
 from supervisor.supervised import SandboxPlan, Timing  # noqa: E402
+from supervisor.workspaces import CORE_TOOLS, Workspaces, WorkspaceSettings, register_core_tools  # noqa: E402
 
 PAYLOAD = "x" * 100
 
@@ -174,6 +181,28 @@ async def bench_crash_reclaim(manager: SandboxManager, n: int) -> list[float]:
     return out
 
 
+async def bench_spawn_true(n: int, warmup: int) -> list[float]:
+    out = []
+    for i in range(n + warmup):
+        t0 = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec("/bin/true")
+        await proc.wait()
+        if i >= warmup:
+            out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+async def bench_exec_true(manager: SandboxManager, agent: str, n: int, warmup: int) -> list[float]:
+    out = []
+    for i in range(n + warmup):
+        t0 = time.perf_counter()
+        r = await manager.invoke("exec", {"command": "true"}, agent=agent)
+        if i >= warmup:
+            out.append((time.perf_counter() - t0) * 1000)
+        assert r.value()["exit_code"] == 0, r.text
+    return out
+
+
 def uss(pid: int) -> int:
     return psutil.Process(pid).memory_full_info().uss
 
@@ -184,6 +213,7 @@ async def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--starts", type=int, default=30)
     ap.add_argument("--crashes", type=int, default=50)
+    ap.add_argument("--execs", type=int, default=500)
     a = ap.parse_args()
     logger.remove()
 
@@ -191,9 +221,15 @@ async def main() -> None:
     paths = StatePaths(tmp)
     paths.ensure()
     cgroups = CgroupRoot.create()
+    warden = Warden()
+    launchers: dict[str, Any] = {"process": ProcessLauncher(cgroups, warden)}
+    if not bwrap_problem():
+        launchers["bwrap"] = BwrapLauncher(cgroups, warden)
+    registry = Registry(reserved=frozenset(CORE_TOOLS))
+    register_core_tools(registry)
     manager = SandboxManager(
-        registry=Registry(),
-        launcher=ProcessLauncher(cgroups),
+        registry=registry,
+        launchers=launchers,
         paths=paths,
         timing=Timing(heartbeat_interval_s=2.0),
         env_allowlist=["PATH", "LANG"],
@@ -251,11 +287,25 @@ async def main() -> None:
                 "baseline": summary(await bench_kill_floor(tmp, a.crashes)),
                 "baseline_name": "SIGKILL of an idle bare grpc.aio server to its pidfd readable",
             }
+
+            # (e), (f)
+            for key, backend in (("e_exec_true_process_ms", "process"), ("f_exec_true_bwrap_ms", "bwrap")):
+                if backend not in launchers:
+                    results[key] = {"skipped": bwrap_problem()}
+                    continue
+                manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
+                figure, base = [], []
+                block = max(a.execs // 10, 1)
+                for _ in range(10):
+                    base += await bench_spawn_true(block, 20)
+                    figure += await bench_exec_true(manager, f"bench-{backend}", block, 20)
+                results[key] = {"figure": summary(figure), "baseline": summary(base), "baseline_name": "asyncio.create_subprocess_exec('/bin/true') + wait"}
             stop.set()
     finally:
         echo_proc.kill()
         echo_proc.wait()
         manager.close()
+        warden.close()
 
     Path(a.out).write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -265,7 +315,16 @@ async def main() -> None:
 def print_table(r: dict[str, Any]) -> None:
     print(f"machine: {r['machine']}")
     print(f"{'figure':<34}{'p50':>9}{'p90':>9}{'p99':>9}   {'baseline p50/p90/p99':<28}{'p50 ratio':>10}")
-    for key, label in (("a_warm_call_ms", "(a) warm tool call, ms"), ("b_cold_start_ms", "(b) cold start to ready, ms"), ("c_crash_to_reclaimed_ms", "(c) crash to reclaimed, ms")):
+    for key, label in (
+        ("a_warm_call_ms", "(a) warm tool call, ms"),
+        ("b_cold_start_ms", "(b) cold start to ready, ms"),
+        ("c_crash_to_reclaimed_ms", "(c) crash to reclaimed, ms"),
+        ("e_exec_true_process_ms", "(e) exec `true`, process, ms"),
+        ("f_exec_true_bwrap_ms", "(f) exec `true`, bwrap, ms"),
+    ):
+        if "skipped" in r[key]:
+            print(f"{label:<34}skipped: {r[key]['skipped']}")
+            continue
         f, b = r[key]["figure"], r[key]["baseline"]
         print(f"{label:<34}{f['p50']:>9.3f}{f['p90']:>9.3f}{f['p99']:>9.3f}   {b['p50']:>8.3f}/{b['p90']:.3f}/{b['p99']:.3f}{'':<6}{f['p50'] / b['p50']:>8.2f}x")
         print(f"{'':<34}baseline: {r[key]['baseline_name']}")

@@ -132,9 +132,14 @@ class HostClient:
         return self._stub.Exec(req, timeout=timeout + margin, metadata=self._md)
 
     async def exec_events(self, call: Any) -> AsyncIterator[bytes | ExecResult]:
-        """The output chunks, then the result; nothing before the host's token."""
-        await self._check_host(call, trailing=False)
+        """The output chunks, then the result; nothing before the host's token, which
+        rides in the first event (see host.proto)."""
+        first = True
         async for ev in call:
+            if first:
+                if ev.host_token != self._host_token:
+                    raise HostAuthError("the host's answer lacks its token; refusing it")
+                first = False
             if ev.WhichOneof("event") == "output":
                 yield ev.output
             else:
@@ -148,7 +153,6 @@ class HostClient:
                     output_bytes=r.output_bytes,
                     error=r.error,
                 )
-                return
 
     async def shutdown(self, reason: str, timeout: float) -> None:
         call = self._stub.Shutdown(pb.ShutdownRequest(reason=reason), timeout=timeout, metadata=self._md)

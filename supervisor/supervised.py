@@ -545,13 +545,18 @@ class SupervisedSandbox:
         assert inc.client is not None
         call = inc.client.exec(command, workdir, timeout, output_cap, f"{inc.number}-{next(inc.call_ids)}", kill_grace + 2 + TIMEOUT_MARGIN_S)
         inc.inflight.add(call)
+        result: ExecResult | None = None
         try:
+            # Read to the stream's end (the status follows the result at once): a
+            # call left open would have to be cancelled, which costs more.
             async for item in inc.client.exec_events(call):
                 if isinstance(item, ExecResult):
-                    return item
-                if on_output is not None:
+                    result = item
+                elif on_output is not None:
                     await on_output(item)
-            raise ToolFailed("exec", self.plan.plugin_id, "transport", "the sandbox ended the stream without a result")
+            if result is None:
+                raise ToolFailed("exec", self.plan.plugin_id, "transport", "the sandbox ended the stream without a result")
+            return result
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if inc.died.done() and (task is None or not task.cancelling()):
@@ -562,7 +567,8 @@ class SupervisedSandbox:
         except HostAuthError as e:
             raise ToolFailed("exec", self.plan.plugin_id, "auth", str(e)) from None
         finally:
-            call.cancel()
+            if not call.done():
+                call.cancel()
             inc.inflight.discard(call)
 
     def _ready_incarnation(self) -> Incarnation:

@@ -73,6 +73,61 @@ class OutputCap:
         return self.dropped > 0
 
 
+class _Output:
+    """The command's pipe, read by the event loop as data arrives (a reader
+    callback, no task): each chunk goes through the cap at once, so memory stays
+    bounded however slowly the caller takes the head."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: OutputCap) -> None:
+        self.loop = loop
+        self.fd = fd
+        self.cap = cap
+        self.ready: list[bytes] = []
+        self.eof: asyncio.Future[None] = loop.create_future()
+        self._kick: asyncio.Future[None] | None = None
+        loop.add_reader(fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, READ_CHUNK)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self.close()
+                if not self.eof.done():
+                    self.eof.set_result(None)
+                break
+            now = self.cap.feed(chunk)
+            if now:
+                self.ready.append(now)
+        if self.ready and self._kick is not None and not self._kick.done():
+            self._kick.set_result(None)
+
+    async def relay_until(self, fut: asyncio.Future[None], timeout: float, emit: Callable[[bytes], Awaitable[None]]) -> bool:
+        """Pass output on to `emit` until `fut` is done (True) or `timeout` passes
+        (False)."""
+        deadline = self.loop.time() + timeout
+        while True:
+            if self.ready:
+                data, self.ready = b"".join(self.ready), []
+                await emit(data)
+                continue
+            if fut.done():
+                return True
+            left = deadline - self.loop.time()
+            if left <= 0:
+                return False
+            self._kick = self.loop.create_future()
+            await asyncio.wait((fut, self._kick), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            self._kick = None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            self.fd = -1
+
+
 def become_subreaper() -> None:
     """Orphans of our commands (a daemon that double-forked, or left its session)
     become our children rather than init's, so that we can find and kill them."""
@@ -94,8 +149,9 @@ class ExecRunner:
         command being spawned is our child before its pid is in `_running`."""
 
     async def run(
-        self, command: str, *, cwd: str, timeout_s: float, cap: int, emit: Callable[[bytes], Awaitable[None]]
+        self, command: str, *, cwd: str | None, timeout_s: float, cap: int, emit: Callable[[bytes], Awaitable[None]]
     ) -> ExecOutcome:
+        """`cwd` None: the host's own, which is the workspace."""
         t0 = time.monotonic()
         self._busy += 1
         try:
@@ -104,7 +160,7 @@ class ExecRunner:
             self._busy -= 1
 
     async def _run(
-        self, command: str, *, cwd: str, timeout_s: float, cap: int, emit: Callable[[bytes], Awaitable[None]], t0: float
+        self, command: str, *, cwd: str | None, timeout_s: float, cap: int, emit: Callable[[bytes], Awaitable[None]], t0: float
     ) -> ExecOutcome:
         # Popen and a pidfd rather than asyncio's subprocess: its wait() returns only
         # once every pipe is closed, and a daemon that escaped the group would hold
@@ -122,51 +178,32 @@ class ExecRunner:
         )
         self._running.add(proc.pid)
         pidfd = os.pidfd_open(proc.pid)
+        assert proc.stdout is not None
+        pipe = proc.stdout.fileno()
+        os.set_blocking(pipe, False)
+        io = _Output(loop, pipe, OutputCap(cap))
         exited: asyncio.Future[None] = loop.create_future()
         loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
-        assert proc.stdout is not None
-        stream = asyncio.StreamReader(limit=READ_CHUNK)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), proc.stdout)
-        out = OutputCap(cap)
         result = ExecOutcome()
-
-        async def pump() -> None:
-            while chunk := await stream.read(READ_CHUNK):
-                now = out.feed(chunk)
-                if now:
-                    await emit(now)
-
         try:
-            async with asyncio.TaskGroup() as tg:
-                reader = tg.create_task(pump())
-                try:
-                    async with asyncio.timeout(timeout_s):
-                        await asyncio.shield(exited)
-                except TimeoutError:
-                    result.timed_out = True
-                    _killpg(proc.pid, signal.SIGTERM)
-                    try:
-                        async with asyncio.timeout(self.kill_grace_s):
-                            await asyncio.shield(exited)
-                    except TimeoutError:
-                        pass
-                # The group outlives its leader when something ran in the background;
-                # the command is over, so is the rest of it.
-                _killpg(proc.pid, signal.SIGKILL)
-                await exited
-                status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-                assert status is not None
-                proc.returncode = status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
-                self._running.discard(proc.pid)
-                if self._busy == 1:
-                    self._sweep_orphans()
-                try:
-                    async with asyncio.timeout(DRAIN_AFTER_EXIT_S):
-                        await asyncio.shield(reader)
-                except TimeoutError:
-                    reader.cancel()
+            if not await io.relay_until(exited, timeout_s, emit):
+                result.timed_out = True
+                _killpg(proc.pid, signal.SIGTERM)
+                await io.relay_until(exited, self.kill_grace_s, emit)
+            # The group outlives its leader when something ran in the background;
+            # the command is over, so is the rest of it.
+            _killpg(proc.pid, signal.SIGKILL)
+            await exited
+            status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+            assert status is not None
+            proc.returncode = status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
+            self._running.discard(proc.pid)
+            if self._busy == 1:
+                self._sweep_orphans()
+            await io.relay_until(io.eof, DRAIN_AFTER_EXIT_S, emit)
         finally:
             loop.remove_reader(pidfd)
+            io.close()
             self._running.discard(proc.pid)
             if proc.returncode is None:
                 _killpg(proc.pid, signal.SIGKILL)
@@ -174,8 +211,8 @@ class ExecRunner:
                     os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
                 proc.returncode = -signal.SIGKILL
             os.close(pidfd)
-            transport.close()
-        tail = out.finish()
+            proc.stdout.close()
+        tail = io.cap.finish()
         if tail:
             await emit(tail)
         rc = proc.returncode
@@ -183,8 +220,8 @@ class ExecRunner:
             result.signal = -rc
         else:
             result.exit_code = rc
-        result.truncated = out.truncated
-        result.output_bytes = out.total
+        result.truncated = io.cap.truncated
+        result.output_bytes = io.cap.total
         result.duration_s = time.monotonic() - t0
         return result
 
@@ -209,13 +246,12 @@ class ExecRunner:
 
 
 def _children_of_self() -> set[int]:
+    # Orphans are reparented to the subreaper's first live thread, the main one
+    # (kernel/exit.c find_new_reaper), and commands are spawned from it too.
     me = os.getpid()
-    pids: set[int] = set()
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{me}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{me}/task/{tid}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-    return pids
+    with contextlib.suppress(OSError), open(f"/proc/{me}/task/{me}/children") as f:
+        return {int(p) for p in f.read().split()}
+    return set()
 
 
 def _killpg(pgid: int, sig: int) -> None:

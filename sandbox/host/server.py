@@ -172,23 +172,28 @@ class HostServicer(pb_grpc.HostServicer):
         if self._runner is None or self._workspace is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this host serves a plugin, not a workspace")
         assert self._runner is not None and self._workspace is not None
-        # The host token leads the stream: the supervisor checks it before it passes
-        # on a single byte of output.
-        await context.send_initial_metadata(self._host_md)
+        # The host token leads the stream, in its first event: the supervisor checks
+        # it before it passes on a single byte of output.
+        token = [self._host_md[0][1]]
+
+        def event(**kw: Any) -> pb.ExecEvent:
+            ev = pb.ExecEvent(host_token=token.pop() if token else "", **kw)
+            return ev
+
         try:
-            cwd = self._workspace.directory(request.workdir or ".")
+            cwd = self._workspace.directory(request.workdir) if request.workdir else None
             outcome = await self._runner.run(
                 request.command,
                 cwd=cwd,
                 timeout_s=max(request.timeout_ms, 1) / 1000,
                 cap=max(request.output_cap, 2),
-                emit=lambda data: context.write(pb.ExecEvent(output=data)),
+                emit=lambda data: context.write(event(output=data)),
             )
         except (ToolError, OSError) as e:
-            await context.write(pb.ExecEvent(result=pb.ExecResult(error=str(e))))
+            await context.write(event(result=pb.ExecResult(error=str(e))))
             return
         await context.write(
-            pb.ExecEvent(
+            event(
                 result=pb.ExecResult(
                     exit_code=outcome.exit_code,
                     signal=outcome.signal,

@@ -96,12 +96,14 @@ class ExecRequest(_message.Message):
     def __init__(self, command: _Optional[str] = ..., workdir: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., output_cap: _Optional[int] = ..., call_id: _Optional[str] = ...) -> None: ...
 
 class ExecEvent(_message.Message):
-    __slots__ = ("output", "result")
+    __slots__ = ("output", "result", "host_token")
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    HOST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     output: bytes
     result: ExecResult
-    def __init__(self, output: _Optional[bytes] = ..., result: _Optional[_Union[ExecResult, _Mapping]] = ...) -> None: ...
+    host_token: str
+    def __init__(self, output: _Optional[bytes] = ..., result: _Optional[_Union[ExecResult, _Mapping]] = ..., host_token: _Optional[str] = ...) -> None: ...
 
 class ExecResult(_message.Message):
     __slots__ = ("exit_code", "signal", "timed_out", "truncated", "duration_s", "output_bytes", "error")

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The README's second set-up command, and what .ci/run calls: install what the tests
+# need (bubblewrap for the bwrap backend, the Python test dependencies) and run the
+# whole suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing bubblewrap (tests of the bwrap backend)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "bwrap is missing and cannot be installed from here (needs root and apt-get);" >&2
+    echo "install bubblewrap, or the bwrap tests will skip (and fail under CI=true)" >&2
+  fi
+fi
+
+python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
+python3 -m pytest -n 2 -p no:cacheprovider "$@"
