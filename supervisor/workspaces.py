@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import json
 import re
+import signal
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +31,7 @@ from sandbox.manifest import format_validation_error
 from supervisor.config import ClawsupConfig
 from supervisor.errors import BadToolArguments, ConfigError, ExecBlocked
 from supervisor.exec_screen import ExecScreen
+from supervisor.host_client import ExecResult
 from supervisor.lifecycle import RestartPolicy, SandboxState
 from supervisor.registry import CORE_OWNER, Kind, Registration, Registry
 from supervisor.supervised import SETTLED, OutputSink, SandboxPlan, SupervisedSandbox, ToolResult
@@ -190,18 +192,21 @@ class Workspaces:
         sb = await self.sandbox(agent, session)
         return await sb.invoke(name, parsed.model_dump_json(exclude_none=True), timeout)
 
-    def screen(self, command: str) -> None:
+    def screen(self, command: str, sandbox_id: str) -> None:
         verdict = self.settings.screen.check(command)
         if not verdict.allowed:
             assert verdict.rule is not None and verdict.segment is not None
             logger.info("exec refused by rule {!r}: {!r}", verdict.rule, verdict.segment)
+            sb = self._manager.sandboxes.get(sandbox_id)
+            if sb is not None:
+                sb.log.event(f"exec {_short(command)}: refused by rule {verdict.rule!r} ({verdict.segment!r}); nothing ran")
             raise ExecBlocked(verdict.rule, verdict.segment, verdict.explain())
 
     async def _exec(self, a: ExecArgs, *, agent: str | None, session: str | None, on_output: OutputSink | None) -> ToolResult:
         e = self.settings.exec
         if a.timeout is not None and a.timeout > e.max_timeout_s:
             raise BadToolArguments("exec", f"timeout: at most {e.max_timeout_s:g} seconds, got {a.timeout:g}")
-        self.screen(a.command)
+        self.screen(a.command, self.sandbox_id(agent, session))
         sb = await self.sandbox(agent, session)
         chunks: list[bytes] = []
 
@@ -218,6 +223,7 @@ class Workspaces:
             kill_grace=e.kill_grace_s,
             on_output=sink,
         )
+        sb.log.event(f"exec {_short(a.command)}: {_describe(r)}")
         if r.error:
             raise BadToolArguments("exec", r.error)
         out = {
@@ -242,6 +248,26 @@ class Workspaces:
             if sb is not None and now - t > self.settings.idle_stop_s and sb.lc.state is SandboxState.READY:
                 del self._last_used[sid]
                 await sb.stop("idle", 10.0)
+
+
+def _short(command: str) -> str:
+    one = " ".join(command.split())
+    return repr(one if len(one) <= 200 else one[:200] + "…")
+
+
+def _describe(r: ExecResult) -> str:
+    """For `clawsup logs <workspace sandbox>`: what became of a command."""
+    if r.error:
+        return f"not started: {r.error}"
+    if r.signal is not None:
+        try:
+            how = f"killed by {signal.Signals(r.signal).name}"
+        except ValueError:
+            how = f"killed by signal {r.signal}"
+    else:
+        how = f"exit {r.exit_code}"
+    extra = (", timed out" if r.timed_out else "") + (f", output cut ({r.output_bytes} bytes)" if r.truncated else "")
+    return f"{how} after {r.duration_s:.3f} s{extra}"
 
 
 def _parse_args(tool: CoreTool, args: dict[str, Any] | str) -> _Args:

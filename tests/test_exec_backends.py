@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Gateway, require_bwrap, workspace_config
+from supervisor.exec_screen import ExecScreen
+from tests.conftest import PLUGINS, Gateway, require_bwrap, require_kernel_limits, workspace_config
 
 BACKENDS = ["process", "bwrap"]
 CAP = 64 * 1024
@@ -22,7 +23,11 @@ GRACE_S = 0.5
 def gw(request: pytest.FixtureRequest, module_gateways: Any) -> Gateway:
     if request.param == "bwrap":
         require_bwrap()
-    cfg = workspace_config(request.param, tools={"exec": {"maxOutputBytes": CAP, "killGraceSeconds": GRACE_S}})
+    cfg = workspace_config(
+        request.param,
+        tools={"exec": {"maxOutputBytes": CAP, "killGraceSeconds": GRACE_S}},
+        plugins={"load": {"paths": [str(PLUGINS / "basics")]}},
+    )
     g: Gateway = module_gateways(request.param, cfg)
     g.wait("workspace-main", "ready")
     return g
@@ -136,3 +141,24 @@ def test_bad_arguments_and_refusals_say_what_was_wrong(gw: Gateway) -> None:
     assert resp["error"]["code"] == "exec_blocked"
     assert "power-off" in resp["error"]["message"] and "'reboot'" in resp["error"]["message"]
     assert "exec refused by rule 'power-off'" in gw.supervisor_log()
+
+
+def test_fork_bomb_that_slips_past_the_screen_is_contained(gw: Gateway) -> None:
+    require_kernel_limits("an exec fork bomb")
+    bomb = "python3 -c 'import os\nwhile True:\n  try: os.fork()\n  except OSError: pass'"
+    assert ExecScreen.build().check(bomb).allowed
+    r = gw.exec(bomb, timeout=2)
+    assert r["timed_out"], r
+    # Everything it forked is gone, the sandbox serves on, and so does the gateway.
+    left = gw.exec("pgrep -fc 'os[.]fork' || true")["output"].strip()
+    assert left == "0", left
+    assert gw.call("echo", {"text": "x"})["ok"]
+    assert "timed out" in gw.wait_log("workspace-main", "os.fork()")
+
+
+def test_the_sandbox_log_says_what_each_command_did(gw: Gateway) -> None:
+    gw.exec("echo logged-command; exit 3")
+    line = gw.wait_log("workspace-main", "logged-command")
+    assert "exit 3 after" in line
+    gw.call("exec", {"command": "echo x; sudo halt"})
+    assert "refused by rule 'power-off'" in gw.wait_log("workspace-main", "sudo halt")
