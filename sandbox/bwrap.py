@@ -22,8 +22,10 @@ bwrap, rather than from outside after the fact.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -70,6 +72,29 @@ def bwrap_problem() -> str:
 
 
 class BwrapChild(ProcessChild):
+    """The pid we hold is bwrap's; the host is its grandchild, in its own session
+    inside the sandbox (--new-session)."""
+
+    def signal_group(self, sig: int) -> None:
+        # A polite signal must reach the host, as under the process backend: sent
+        # to bwrap, it would kill the sandbox outright. SIGKILL may take bwrap, and
+        # with it (--die-with-parent) everything inside.
+        host = None if sig == signal.SIGKILL else self._host_pid()
+        if host is None:
+            super().signal_group(sig)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(os.getpgid(host), sig)
+
+    def _host_pid(self) -> int | None:
+        try:
+            for p in psutil.Process(self.pid).children(recursive=True):
+                if "sandbox.host" in p.cmdline():
+                    return p.pid
+        except psutil.Error:
+            pass
+        return None
+
     def _translate(self, status: ExitStatus) -> ExitStatus:
         # bwrap reports a child killed by signal N as exit code 128 + N.
         if status.code is not None and 128 < status.code < 128 + 65:

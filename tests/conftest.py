@@ -204,8 +204,9 @@ class Gateway:
         state directory)."""
         out = []
         for p in psutil.process_iter(["cmdline"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if "sandbox.host" in cmd and str(self.state) in cmd:
+            argv = p.info["cmdline"] or []
+            # The host itself, not a bwrap (or its shell) wrapped around it.
+            if argv[:1] == [sys.executable] and "sandbox.host" in argv and str(self.state) in " ".join(argv):
                 out.append(p.pid)
         return out
 

@@ -18,15 +18,26 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import PLUGINS, TEST_PLUGINS, Gateway, require_kernel_limits, make_config, wait_gone
+from tests.conftest import PLUGINS, TEST_PLUGINS, Gateway, make_config, require_bwrap, require_kernel_limits, wait_gone
 
 pytestmark = pytest.mark.fault
 
 CHAOS = PLUGINS / "chaos"
+BACKEND = "process"
+
+
+@pytest.fixture(autouse=True, params=["process", "bwrap"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every fault, on each backend a plugin can ask for."""
+    if request.param == "bwrap":
+        require_bwrap()
+    monkeypatch.setattr(__import__(__name__), "BACKEND", request.param, raising=False)
+    globals()["BACKEND"] = request.param
+    return request.param
 
 
 def chaos_config(chaos_entry: dict | None = None, **overrides) -> dict:
-    cfg = make_config(**overrides)
+    cfg = make_config(sandbox__defaults__backend=BACKEND, **overrides)
     cfg["plugins"]["load"]["paths"].append(str(CHAOS))
     if chaos_entry is not None:
         cfg["plugins"]["entries"]["chaos"] = chaos_entry
@@ -101,13 +112,14 @@ def test_plugin_print_reaches_the_log_before_a_crash(gateway_factory) -> None:
 def test_exception_in_handler_keeps_child(gateway_factory) -> None:
     gw = gateway_factory(chaos_config())
     pid = gw.status("chaos")["pid"]
+    inner_pid = gw.call("chaos_ok")["data"]["result"]["pid"]  # its own view (a pid namespace under bwrap)
     resp = gw.call("chaos_raise", {"message": "the plugin is unhappy"})
     assert resp["ok"] is False
     assert resp["error"]["code"] == "tool_failed"
     assert "RuntimeError: the plugin is unhappy" in resp["error"]["message"]
     # The child lives on, with all its tools.
     assert gw.status("chaos")["pid"] == pid
-    assert gw.call("chaos_ok")["data"]["result"]["pid"] == pid
+    assert gw.call("chaos_ok")["data"]["result"]["pid"] == inner_pid
     assert "chaos_raise" in gw.tools()
     assert_others_fine(gw)
     log = gw.log("chaos")
@@ -233,15 +245,17 @@ def test_supervisor_sigkill_leaves_no_child(gateway_factory) -> None:
     hosts = gw.host_pids()
     assert len(hosts) == 2
     [warden] = gw.warden_pids()
-    grandchild = gw.call("chaos_spawn", {"setsid": True})["data"]["result"]["pid"]
-    sibling = gw.call("chaos_spawn")["data"]["result"]["pid"]
-    assert psutil.pid_exists(grandchild) and psutil.pid_exists(sibling)
+    gw.call("chaos_spawn", {"setsid": True})
+    gw.call("chaos_spawn")
+    # Found from outside: under bwrap the pids the plugin reports are its namespace's.
+    everything = [p.pid for p in psutil.Process(gw.proc.pid).children(recursive=True) if p.pid != warden]
+    assert len(everything) >= len(hosts) + 2
 
     gw.proc.kill()
     gw.proc.wait(10)
-    # Hosts die by PR_SET_PDEATHSIG; what they started, by the warden, which then
-    # leaves too.
-    assert wait_gone(hosts + [grandchild, sibling, warden]) == []
+    # Hosts die by PR_SET_PDEATHSIG (or bwrap's --die-with-parent); what they
+    # started, by the warden, which then leaves too.
+    assert wait_gone(everything + [warden]) == []
 
 
 def test_undeclared_tool_is_refused(gateway_factory) -> None:
@@ -267,9 +281,12 @@ def test_colliding_tool_is_refused(gateway_factory) -> None:
 
 
 def test_crash_loop_ends_failed_then_operator_restart(gateway_factory, state_dir: Path) -> None:
-    marker = state_dir / "crash-on-start"
+    # In the workspace, the one place the child sees on every backend; relative
+    # paths there are relative to it.
+    marker = state_dir / "sandboxes" / "chaos" / "workspace" / "crash-on-start"
+    marker.parent.mkdir(parents=True)
     marker.touch()
-    entry = {"config": {"crashOnStartIfExists": str(marker)}, "sandbox": {"restart": {"maxRestarts": 2, "backoffInitialSeconds": 0.05}}}
+    entry = {"config": {"crashOnStartIfExists": "crash-on-start"}, "sandbox": {"restart": {"maxRestarts": 2, "backoffInitialSeconds": 0.05}}}
     gw = gateway_factory(chaos_config(entry))
     assert gw.wait("chaos", "failed") == "failed"
     st = gw.status("chaos")
