@@ -19,7 +19,7 @@ import secrets
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -512,21 +512,8 @@ class SupervisedSandbox:
         assert inc.client is not None
         limit = min(timeout, self.plan.limits.call_timeout_s) if timeout else self.plan.limits.call_timeout_s
         call = inc.client.invoke(tool, args_json, f"{inc.number}-{next(inc.call_ids)}", limit, TIMEOUT_MARGIN_S)
-        inc.inflight.add(call)
-        try:
+        async with self._in_flight(inc, call, tool, limit):
             outcome = await inc.client.outcome(call)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if inc.died.done() and (task is None or not task.cancelling()):
-                # Cancelled by _on_death, not by our own caller.
-                raise self._died_error(inc.died.result()) from None
-            raise
-        except grpc.aio.AioRpcError as e:
-            raise await self._rpc_failure(inc, tool, limit, e) from None
-        except HostAuthError as e:
-            raise ToolFailed(tool, self.plan.plugin_id, "auth", str(e)) from None
-        finally:
-            inc.inflight.discard(call)
         if outcome.ok:
             return ToolResult(text=outcome.text, is_json=outcome.is_json)
         if outcome.error_kind == "timed_out":
@@ -544,9 +531,8 @@ class SupervisedSandbox:
         inc = self._ready_incarnation()
         assert inc.client is not None
         call = inc.client.exec(command, workdir, timeout, output_cap, f"{inc.number}-{next(inc.call_ids)}", kill_grace + 2 + TIMEOUT_MARGIN_S)
-        inc.inflight.add(call)
         result: ExecResult | None = None
-        try:
+        async with self._in_flight(inc, call, "exec", timeout):
             # Read to the stream's end (the status follows the result at once): a
             # call left open would have to be cancelled, which costs more.
             async for item in inc.client.exec_events(call):
@@ -554,18 +540,27 @@ class SupervisedSandbox:
                     result = item
                 elif on_output is not None:
                     await on_output(item)
-            if result is None:
-                raise ToolFailed("exec", self.plan.plugin_id, "transport", "the sandbox ended the stream without a result")
-            return result
+        if result is None:
+            raise ToolFailed("exec", self.plan.plugin_id, "transport", "the sandbox ended the stream without a result")
+        return result
+
+    @contextlib.asynccontextmanager
+    async def _in_flight(self, inc: Incarnation, call: Any, tool: str, limit: float) -> AsyncIterator[None]:
+        """One RPC to the child: tracked so that its death fails it at once, and
+        whatever goes wrong turned into the error the caller should see."""
+        inc.inflight.add(call)
+        try:
+            yield
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if inc.died.done() and (task is None or not task.cancelling()):
+                # Cancelled by _on_death, not by our own caller.
                 raise self._died_error(inc.died.result()) from None
             raise
         except grpc.aio.AioRpcError as e:
-            raise await self._rpc_failure(inc, "exec", timeout, e) from None
+            raise await self._rpc_failure(inc, tool, limit, e) from None
         except HostAuthError as e:
-            raise ToolFailed("exec", self.plan.plugin_id, "auth", str(e)) from None
+            raise ToolFailed(tool, self.plan.plugin_id, "auth", str(e)) from None
         finally:
             if not call.done():
                 call.cancel()
