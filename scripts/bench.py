@@ -181,11 +181,11 @@ async def bench_crash_reclaim(manager: SandboxManager, n: int) -> list[float]:
     return out
 
 
-async def bench_spawn_true(n: int, warmup: int) -> list[float]:
+async def bench_spawn_true(n: int, warmup: int, *, shell: bool = False) -> list[float]:
     out = []
     for i in range(n + warmup):
         t0 = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec("/bin/true")
+        proc = await (asyncio.create_subprocess_shell("true") if shell else asyncio.create_subprocess_exec("/bin/true"))
         await proc.wait()
         if i >= warmup:
             out.append((time.perf_counter() - t0) * 1000)
@@ -294,12 +294,20 @@ async def main() -> None:
                     results[key] = {"skipped": bwrap_problem()}
                     continue
                 manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
-                figure, base = [], []
+                figure, base, shell = [], [], []
                 block = max(a.execs // 10, 1)
                 for _ in range(10):
                     base += await bench_spawn_true(block, 20)
+                    shell += await bench_spawn_true(block, 20, shell=True)
                     figure += await bench_exec_true(manager, f"bench-{backend}", block, 20)
-                results[key] = {"figure": summary(figure), "baseline": summary(base), "baseline_name": "asyncio.create_subprocess_exec('/bin/true') + wait"}
+                results[key] = {
+                    "figure": summary(figure),
+                    "baseline": summary(base),
+                    "baseline_name": "asyncio.create_subprocess_exec('/bin/true') + wait",
+                    # For scale: what an unsandboxed exec tool does in-process.
+                    "shell_spawn": summary(shell),
+                    "shell_spawn_name": "asyncio.create_subprocess_shell('true') + wait",
+                }
             stop.set()
     finally:
         echo_proc.kill()
@@ -328,6 +336,9 @@ def print_table(r: dict[str, Any]) -> None:
         f, b = r[key]["figure"], r[key]["baseline"]
         print(f"{label:<34}{f['p50']:>9.3f}{f['p90']:>9.3f}{f['p99']:>9.3f}   {b['p50']:>8.3f}/{b['p90']:.3f}/{b['p99']:.3f}{'':<6}{f['p50'] / b['p50']:>8.2f}x")
         print(f"{'':<34}baseline: {r[key]['baseline_name']}")
+        if "shell_spawn" in r[key]:
+            sh = r[key]["shell_spawn"]
+            print(f"{'':<34}for scale: {r[key]['shell_spawn_name']}: p50 {sh['p50']:.3f} ms ({f['p50'] / sh['p50']:.2f}x)")
     d = r["d_idle_uss_mib"]
     print(f"{'(d) idle sandbox USS, MiB':<34}{d['figure']:>9.1f}{'':>18}   {d['baseline']:>8.1f}{'':<20}{d['figure'] / d['baseline']:>8.2f}x")
     print(f"{'':<34}baseline: {d['baseline_name']}")
