@@ -160,8 +160,21 @@ class ControlServer:
                 async def out(data: bytes) -> None:
                     await _send(writer, {"output": data.decode("utf-8", errors="replace")})
 
-                result = await m.invoke(name, args, timeout, agent=agent, session=session, on_output=out if stream else None)
-                await _send(writer, {"ok": True, "data": {"result": result.value()}})
+                work = asyncio.ensure_future(m.invoke(name, args, timeout, agent=agent, session=session, on_output=out if stream else None))
+                # A caller that hangs up (Ctrl-C on `clawsup tools call`) cancels the
+                # call, down to the command running in its sandbox.
+                hangup = asyncio.ensure_future(reader.read(1))
+                try:
+                    await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for t in (hangup, work):
+                        if not t.done():
+                            t.cancel()
+                    await asyncio.gather(hangup, work, return_exceptions=True)
+                if work.cancelled():
+                    logger.info("call of {!r} cancelled: the caller hung up", name)
+                    return
+                await _send(writer, {"ok": True, "data": {"result": work.result().value()}})
             case RestartReq(sandbox=sid, timeout=timeout):
                 state = await m.get(sid).restart(timeout)
                 await _send(writer, {"ok": True, "data": {"sandbox": sid, "state": state.value}})

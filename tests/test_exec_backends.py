@@ -162,3 +162,23 @@ def test_the_sandbox_log_says_what_each_command_did(gw: Gateway) -> None:
     assert "exit 3 after" in line
     gw.call("exec", {"command": "echo x; sudo halt"})
     assert "refused by rule 'power-off'" in gw.wait_log("workspace-main", "sudo halt")
+
+
+def test_concurrent_commands_keep_their_own_output_and_processes(gw: Gateway) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    cmds = [f"sleep 0.{i}; echo job-{i}; sleep 300 & echo $! > job{i}.pid" for i in range(1, 6)]
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(lambda c: gw.exec(c, timeout=20), cmds))
+    for i, r in enumerate(results, start=1):
+        assert r["exit_code"] == 0 and r["output"] == f"job-{i}\n", r
+    for i in range(1, 6):
+        assert alive(gw, f"job{i}.pid") == []
+
+
+def test_a_caller_that_hangs_up_cancels_the_command(gw: Gateway) -> None:
+    stream = gw.client.stream({"op": "call", "name": "exec", "args": {"command": "sleep 300 & echo $! > hung.pid; echo started; wait"}, "stream": True}, timeout=30)
+    assert next(stream)["output"].startswith("started")
+    stream.close()  # the caller goes away mid-command
+    gw.wait_log("workspace-main", "cancelled by the supervisor; its processes were killed")
+    assert alive(gw, "hung.pid") == []

@@ -206,10 +206,13 @@ class ExecRunner:
             io.close()
             self._running.discard(proc.pid)
             if proc.returncode is None:
+                # Cancelled (the caller went away): the command goes too.
                 _killpg(proc.pid, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
                     os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
                 proc.returncode = -signal.SIGKILL
+                if self._busy == 1:
+                    self._sweep_orphans()
             os.close(pidfd)
             proc.stdout.close()
         tail = io.cap.finish()

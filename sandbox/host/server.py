@@ -192,6 +192,9 @@ class HostServicer(pb_grpc.HostServicer):
         except (ToolError, OSError) as e:
             await context.write(event(result=pb.ExecResult(error=str(e))))
             return
+        except asyncio.CancelledError:
+            print(f"exec call {request.call_id} cancelled by the supervisor; its processes were killed", file=sys.stderr, flush=True)
+            raise
         await context.write(
             event(
                 result=pb.ExecResult(
