@@ -45,6 +45,13 @@ FAULTS = [
     ("chaos_flood", {"mb": 8, "stream": "both"}, 10),
     ("chaos_forkbomb", {}, 1),
     ("chaos_spawn", {"setsid": True}, None),
+    # The exec tool, in the default agent's workspace sandbox: commands that slip
+    # past the screen and misbehave.
+    ("exec", {"command": "python3 -c 'import os\nwhile True:\n  try: os.fork()\n  except OSError: pass'", "timeout": 1}, None),
+    ("exec", {"command": "head -c 20000000 /dev/zero | tr '\\0' x", "timeout": 20}, None),
+    ("exec", {"command": "sleep 300 & setsid sleep 300 & trap '' TERM; sleep 300", "timeout": 0.5}, None),
+    ("exec", {"command": "k=kill; $k -9 -1", "timeout": 5}, None),
+    ("exec", {"command": "python3 -c 'x = bytearray(1 << 34)'", "timeout": 10}, None),
 ]
 
 
@@ -53,6 +60,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the state directory (logs) afterwards")
+    ap.add_argument("--backend", default="process", choices=["process", "bwrap"], help="the plugins' backend (exec uses the workspace default)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
 
@@ -62,7 +70,8 @@ def main() -> int:
             "load": {"paths": [str(ROOT / "plugins" / "basics"), str(ROOT / "plugins" / "chaos")]},
             "entries": {"chaos": {"sandbox": {"memoryMb": 128, "maxProcesses": 32, "restart": {"maxRestarts": 1000, "periodSeconds": 1, "backoffInitialSeconds": 0.05, "backoffMaxSeconds": 0.2}}}},
         },
-        "sandbox": {"heartbeatIntervalSeconds": 0.5, "heartbeatTimeoutSeconds": 0.5, "stopGraceSeconds": 1},
+        "sandbox": {"defaults": {"backend": a.backend}, "heartbeatIntervalSeconds": 0.5, "heartbeatTimeoutSeconds": 0.5, "stopGraceSeconds": 1},
+        "tools": {"exec": {"killGraceSeconds": 0.5}},
     }
     (state / "clawsup.json").write_text(json.dumps(cfg))
     console = open(state / "console.txt", "w+")
@@ -86,8 +95,9 @@ def main() -> int:
     deadline = time.monotonic() + a.seconds
     try:
         while time.monotonic() < deadline:
-            # Fire at a ready sandbox, so that each fault meets a live child.
-            client.request({"op": "wait", "sandbox": "chaos", "states": ["ready"], "timeout": 30})
+            # Fire at ready sandboxes, so that each fault meets a live child.
+            for sb in ("chaos", "workspace-main"):
+                client.request({"op": "wait", "sandbox": sb, "states": ["ready"], "timeout": 30})
             name, args, timeout = rng.choice(FAULTS)
             req = {"op": "call", "name": name, "args": args} | ({"timeout": timeout} if timeout else {})
             resp = client.request(req)
