@@ -146,3 +146,15 @@ def test_network_is_unreachable(gw: Gateway) -> None:
             listener.accept()
     interfaces = [line.split(":")[0].strip() for line in out.splitlines() if ":" in line and "|" not in line and "refused" not in line]
     assert interfaces == ["lo"], out
+
+
+def test_network_comes_back_only_when_asked_for(module_gateways: Any) -> None:
+    require_bwrap()
+    host_ifaces = {line.split(":")[0].strip() for line in Path("/proc/net/dev").read_text().splitlines()[2:]}
+    cfg = workspace_config("bwrap")
+    cfg["agents"]["defaults"]["sandbox"]["network"] = True
+    g: Gateway = module_gateways("bwrap-net", cfg)
+    g.wait("workspace-main", "ready")
+    out = g.exec("cat /proc/net/dev")["output"]
+    inside = {line.split(":")[0].strip() for line in out.splitlines()[2:]}
+    assert inside == host_ifaces, (inside, host_ifaces)
