@@ -139,3 +139,18 @@ def test_bad_arguments_name_the_field(gw: Gateway) -> None:
     assert resp["error"]["code"] == "bad_arguments" and "old_string" in resp["error"]["message"]
     resp = gw.call("write", {"path": "x", "content": "y", "mode": "0777"})
     assert resp["error"]["code"] == "bad_arguments" and "mode" in resp["error"]["message"]
+
+
+def test_read_of_one_enormous_line_stays_bounded(gw: Gateway) -> None:
+    big = gw.workspace() / "huge.txt"
+    with open(big, "wb") as f:
+        f.write(b"a" * (READ_MAX - 1) + b"\n")  # exactly at the cap, with its newline
+        f.write(b"y" * 50_000_000 + b"\n")
+        f.write(b"last\n")
+    before = gw.status("workspace-main")["rss_bytes"]
+    assert ok(gw, "read", path="huge.txt", offset=3) == "last\n"
+    text = ok(gw, "read", path="huge.txt", offset=2)
+    assert text.startswith("yyyy") and text.endswith("[line 2 cut at 4096 bytes]")
+    assert ok(gw, "read", path="huge.txt", limit=1) == "a" * (READ_MAX - 1) + "\n[more lines follow; continue with offset=2]"
+    assert gw.status("workspace-main")["rss_bytes"] - before < 16 * 1024 * 1024
+    big.unlink()

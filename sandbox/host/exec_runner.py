@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 READ_CHUNK = 64 * 1024
+READS_PER_WAKEUP = 16
 DRAIN_AFTER_EXIT_S = 1.0
 """After the command and its group are gone, how long a pipe may stay open (held by
 something that escaped the group) before we stop reading."""
@@ -88,7 +89,9 @@ class _Output:
         loop.add_reader(fd, self._on_readable)
 
     def _on_readable(self) -> None:
-        while True:
+        # A bounded number of reads per wake-up: a command that writes as fast as we
+        # read must not keep the loop from the host's other work (its health checks).
+        for _ in range(READS_PER_WAKEUP):
             try:
                 chunk = os.read(self.fd, READ_CHUNK)
             except BlockingIOError:

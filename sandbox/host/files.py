@@ -24,6 +24,7 @@ from typing import Any
 from sandbox.api import PluginApi, ToolError
 
 MAX_EDIT_BYTES = 8 * 1024 * 1024
+READ_SKIP = 1024 * 1024
 MAX_LIST_ENTRIES = 1000
 _OPEN_CHECK = os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 """Opening a FIFO or a device for the check must neither block nor take a tty."""
@@ -173,25 +174,31 @@ class Workspace:
         with self._open(path, os.O_RDONLY) as fd:  # type: ignore[arg-type]
             self._regular(fd, path)  # type: ignore[arg-type]
             out: list[bytes] = []
-            size = 0
-            shown = 0
+            size = shown = lineno = 0
             more = ""
+            cap = self.read_max_bytes
             with os.fdopen(os.dup(fd), "rb") as f:
-                for lineno, line in enumerate(f, start=1):
+                # readline with a size: memory stays bounded by the cap even for a
+                # file that is one enormous line.
+                while piece := f.readline(cap + 1):
+                    lineno += 1
                     if lineno < offset:
+                        if len(piece) > cap and not piece.endswith(b"\n"):  # the rest of a long line
+                            while (piece := f.readline(READ_SKIP)) and not piece.endswith(b"\n"):
+                                pass
                         continue
                     if limit is not None and shown >= limit:
                         more = f"[more lines follow; continue with offset={lineno}]"
                         break
-                    if size + len(line) > self.read_max_bytes:
+                    if size + len(piece) > cap:
                         if shown == 0:
-                            out.append(line[: self.read_max_bytes])
-                            more = f"[line {lineno} cut at {self.read_max_bytes} bytes]"
+                            out.append(piece[:cap])
+                            more = f"[line {lineno} cut at {cap} bytes]"
                         else:
-                            more = f"[output cap of {self.read_max_bytes} bytes reached; continue with offset={lineno}]"
+                            more = f"[output cap of {cap} bytes reached; continue with offset={lineno}]"
                         break
-                    out.append(line)
-                    size += len(line)
+                    out.append(piece)
+                    size += len(piece)
                     shown += 1
         text = b"".join(out).decode("utf-8", errors="replace")
         if more:
