@@ -151,7 +151,8 @@ class BwrapLauncher(ProcessLauncher):
         # the private /tmp, not be hidden by it.
         b += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         binds = [("--ro-bind", d) for d in runtime_dirs()]
-        if spec.plugin_dir is not None:
+        if spec.plugin_dir is not None and not _inside(str(spec.plugin_dir), [*SYSTEM_DIRS, *runtime_dirs()]):
+            # (A plugin under /usr or in the clawsup tree is already there, read-only.)
             binds.append(("--ro-bind", str(spec.plugin_dir)))
         binds.append(("--bind", str(spec.run_dir)))
         # bwrap would copy the modes of the outside parents (a 0700 home, a 0700
@@ -182,6 +183,11 @@ class BwrapLauncher(ProcessLauncher):
         return b, Path("/"), {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
+def _inside(path: str, roots: list[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots)
+
+
 @functools.cache
 def runtime_dirs() -> tuple[str, ...]:
     """Where the host runtime's code lives outside /usr: the interpreter's prefixes
@@ -199,9 +205,7 @@ def runtime_dirs() -> tuple[str, ...]:
     out: list[str] = []
     for c in sorted(candidates, key=len):
         real = os.path.realpath(c)
-        if real.startswith("/usr/") or real == "/usr" or not os.path.isdir(real):
-            continue
-        if any(real == o or real.startswith(o + "/") for o in out):
+        if not os.path.isdir(real) or _inside(real, ["/usr", *out]):
             continue
         out.append(real)
     return tuple(out)
