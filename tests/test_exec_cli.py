@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CLAWSUP, require_bwrap
+from tests.test_privileges import as_root_wrap  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(params=["process", "bwrap"])
@@ -81,3 +83,23 @@ def test_output_streams_before_the_command_ends(backend: str) -> None:
 def test_bad_usage() -> None:
     r = subprocess.run([*CLAWSUP, "exec", "run", "--backend", "vm", "--", "true"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--backend" in r.stderr
+
+
+def test_bwrap_as_an_ordinary_user_takes_a_user_namespace(tmp_path: Path, as_root_wrap: list[str]) -> None:
+    """The workstation case: clawsup run by a user, not root. (Here, root plays that
+    user with setpriv, in a mount namespace where the interpreter is reachable.)"""
+    require_bwrap()
+    tmp_path.chmod(0o777)
+    cmd = [
+        *as_root_wrap,
+        "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+        "env", f"HOME={tmp_path}", f"PATH={os.path.dirname(sys.executable)}:/usr/bin:/bin",
+        *CLAWSUP, "exec", "run", "--backend", "bwrap", "--",
+        "id -u; grep CapEff /proc/self/status; readlink /proc/self/ns/user; ls /proc | grep -cE '^[0-9]+$'",
+    ]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    uid, caps, userns, nprocs = r.stdout.split("\n")[:4]
+    assert uid == "65534" and caps == "CapEff:\t0000000000000000"
+    assert userns != os.readlink("/proc/self/ns/user"), "no user namespace of its own"
+    assert int(nprocs) < 10
