@@ -88,8 +88,14 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     """One line per problem, each naming the key path (`sandbox.memoryMb: ...`)."""
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
-        lines.append(f"{path or '<root>'}: {e['msg']}")
+        path = ""
+        for p in (prefix, *e["loc"]):
+            if isinstance(p, int):
+                path += f"[{p}]"
+            elif p != "":
+                path += f".{p}" if path else str(p)
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{path or '<root>'}: {msg}")
     return "; ".join(lines)
 
 

@@ -25,6 +25,8 @@ from supervisor.sandbox_log import tail_lines
 app = typer.Typer(help="clawsup: a gateway for personal AI agents where nothing untrusted runs inside the gateway.", no_args_is_help=True, add_completion=False)
 tools_app = typer.Typer(help="List and call the tools the sandboxes registered.", no_args_is_help=True)
 app.add_typer(tools_app, name="tools")
+route_app = typer.Typer(help="Which agent and session a message would get.", no_args_is_help=True)
+app.add_typer(route_app, name="route")
 exec_app = typer.Typer(help="Screen or run a shell command the way the exec tool does.", no_args_is_help=True)
 app.add_typer(exec_app, name="exec")
 out = Console()
@@ -333,6 +335,55 @@ def exec_run(
     if r.timed_out:
         raise typer.Exit(124)
     raise typer.Exit(r.exit_code if r.exit_code is not None else 128 + (r.signal or 0))
+
+
+@route_app.command("explain")
+def route_explain(
+    channel: Annotated[str, typer.Option("--channel", help="The channel the message came in on.")],
+    peer_kind: Annotated[str, typer.Option("--peer-kind", help="direct (or dm), group or channel.")],
+    peer_id: Annotated[str, typer.Option("--peer-id")],
+    account: Annotated[Optional[str], typer.Option("--account", help="Account id (default: the default account).")] = None,
+    parent_kind: Annotated[Optional[str], typer.Option("--parent-kind", help="A thread's parent peer.")] = None,
+    parent_id: Annotated[Optional[str], typer.Option("--parent-id")] = None,
+    guild: Annotated[Optional[str], typer.Option("--guild")] = None,
+    roles: Annotated[Optional[str], typer.Option("--roles", help="The member's role ids, comma-separated.")] = None,
+    team: Annotated[Optional[str], typer.Option("--team")] = None,
+    thread: Annotated[Optional[str], typer.Option("--thread", help="Thread id.")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Resolve a message's agent and session key from the config alone, without a
+    running gateway (the same router the gateway uses)."""
+    from supervisor.routing import Peer, RouteInput, Router
+
+    kinds = ("direct", "dm", "group", "channel")
+    for flag, kind in (("--peer-kind", peer_kind), ("--parent-kind", parent_kind)):
+        if kind is not None and kind.strip().lower() not in kinds:
+            _fail(f"{flag} must be one of {', '.join(kinds)}, not {kind!r}", 2)
+    if (parent_kind is None) != (parent_id is None):
+        _fail("--parent-kind and --parent-id go together", 2)
+    cfg, _ = _load(config)
+    msg = RouteInput(
+        channel=channel,
+        account_id=account,
+        peer=Peer.of(peer_kind, peer_id),
+        parent_peer=Peer.of(parent_kind, parent_id) if parent_kind and parent_id else None,
+        guild_id=guild,
+        member_role_ids=tuple(r for r in (roles or "").split(",") if r.strip()),
+        team_id=team,
+        thread_id=thread,
+    )
+    from loguru import logger
+
+    logger.remove()
+    route = Router(cfg).resolve(msg)
+    for w in route.warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    if as_json:
+        print(json.dumps(route.to_json()))
+        return
+    for k, v in route.to_json().items():
+        out.print(f"{k:<15} {v}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """`clawsup.json` (JSON5): one pydantic tree, errors that name the key path.
 
-`plugins` follows OpenClaw's shape (`plugins.load.paths`, `plugins.entries.<id>`), so
-a user's plugin list carries over; `sandbox` is ours. Later layers add `agents`,
-`bindings`, `session`, `tools`, `channels` and `providers` here.
+`agents`, `bindings`, `session` and `tools` keep OpenClaw's key names and meanings,
+and `plugins` its shape (`plugins.load.paths`, `plugins.entries.<id>`), so those
+sections of an `openclaw.json` work unchanged: keys of them that clawsup does not use
+are accepted and named in a warning at start (`ignored_keys`). `sandbox`, `channels`
+and `sessionStore` are ours, and strict.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 from typing import Any, Literal
 
 import json5
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from sandbox.manifest import Backend, RestartRequest, SandboxRequest, format_validation_error
@@ -25,6 +27,13 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent / "default_config.json5"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class _OpenClaw(BaseModel):
+    """A part of one of OpenClaw's sections: its key names; keys clawsup does not use
+    are kept aside (`model_extra`) rather than refused."""
+
+    model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
 class PluginLoad(_Model):
@@ -77,7 +86,7 @@ class SandboxConfig(_Model):
     """The only variables of the supervisor's environment a child inherits."""
 
 
-class ExecToolConfig(_Model):
+class ExecToolConfig(_OpenClaw):
     """The `exec` core tool. The deny list is the outer fence only: what slips past
     it meets the workspace sandbox (see supervisor/exec_screen.py)."""
 
@@ -99,12 +108,12 @@ class ExecToolConfig(_Model):
     """When set, every simple command must match one of these."""
 
 
-class FsToolsConfig(_Model):
+class FsToolsConfig(_OpenClaw):
     read_max_bytes: int = Field(default=256 * 1024, ge=1024)
     """The most `read` returns in one call; larger files are read with offset/limit."""
 
 
-class ToolsConfig(_Model):
+class ToolsConfig(_OpenClaw):
     exec: ExecToolConfig = Field(default_factory=ExecToolConfig)
     fs: FsToolsConfig = Field(default_factory=FsToolsConfig)
 
@@ -112,7 +121,7 @@ class ToolsConfig(_Model):
 WorkspaceBackend = Literal["auto", "process", "bwrap"]
 
 
-class AgentSandboxConfig(_Model):
+class AgentSandboxConfig(_OpenClaw):
     """Where an agent's exec and file tools run (OpenClaw's `agents.defaults.sandbox`)."""
 
     scope: Literal["agent", "session", "shared"] = "agent"
@@ -131,12 +140,133 @@ class AgentSandboxConfig(_Model):
     files stay); the next call starts it again."""
 
 
-class AgentDefaults(_Model):
+class AgentDefaults(_OpenClaw):
     sandbox: AgentSandboxConfig = Field(default_factory=AgentSandboxConfig)
 
 
-class AgentsConfig(_Model):
+_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DEFAULT_AGENT_ID = "main"
+
+
+class AgentEntry(_OpenClaw):
+    id: str = Field(pattern=_ID)
+    default: bool = False
+    name: str | None = None
+    workspace: str | None = None
+    model: str | dict[str, Any] | None = None
+    tools: dict[str, Any] | None = None
+    """This agent's tool policy (allow/deny/profile); applied by the agent loop."""
+
+    @field_validator("id")
+    @classmethod
+    def _lower(cls, v: str) -> str:
+        return v.lower()
+
+
+class AgentsConfig(_OpenClaw):
     defaults: AgentDefaults = Field(default_factory=AgentDefaults)
+    entries: list[AgentEntry] = Field(default_factory=list, alias="list")
+    """`agents.list` in the file."""
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> AgentsConfig:
+        seen: set[str] = set()
+        for i, a in enumerate(self.entries):
+            if a.id in seen:
+                raise ValueError(f"list[{i}].id: agent id {a.id!r} appears twice")
+            seen.add(a.id)
+        defaults = [a.id for a in self.entries if a.default]
+        if len(defaults) > 1:
+            raise ValueError(f"list: more than one agent has default: true ({', '.join(defaults)})")
+        return self
+
+    def ids(self) -> list[str]:
+        return [a.id for a in self.entries] or [DEFAULT_AGENT_ID]
+
+    def default_id(self) -> str:
+        """The agent with `default: true`, else the first listed, else `main`."""
+        for a in self.entries:
+            if a.default:
+                return a.id
+        return self.entries[0].id if self.entries else DEFAULT_AGENT_ID
+
+
+PeerKind = Literal["direct", "dm", "group", "channel"]
+
+
+class PeerMatch(_OpenClaw):
+    kind: PeerKind
+    id: str = Field(min_length=1)
+
+
+class BindingMatch(_OpenClaw):
+    channel: str = Field(min_length=1)
+    account_id: str | None = None
+    """Omitted: the channel's default account. `"*"`: any account."""
+    peer: PeerMatch | None = None
+    guild_id: str | None = None
+    team_id: str | None = None
+    roles: list[str] | None = None
+    """With `guildId`: the member must hold at least one of these roles."""
+
+
+class Binding(_OpenClaw):
+    agent_id: str = Field(min_length=1)
+    match: BindingMatch
+
+
+DmScope = Literal["main", "per-peer", "per-channel-peer", "per-account-channel-peer"]
+
+
+class SessionConfig(_OpenClaw):
+    dm_scope: DmScope = "main"
+    identity_links: dict[str, list[str]] = Field(default_factory=dict)
+    """A canonical peer id -> the channel identities (`channel:peerId`) that are that
+    person; used in direct-message session keys when `dmScope` is not `main`."""
+
+
+class CliChannelConfig(_Model):
+    enabled: bool = True
+
+
+class HttpChannelConfig(_Model):
+    enabled: bool = False
+    host: Literal["127.0.0.1", "::1", "localhost"] = "127.0.0.1"
+    """Loopback only: the endpoint trusts its bearer for identity fields."""
+    port: int = Field(default=8787, ge=0, le=65535)
+    """0: any free port (written to `<state>/run/http.port`)."""
+    token: str | None = Field(default=None, min_length=16)
+    token_env: str | None = None
+    """Read the token from this environment variable instead (kept out of the file)."""
+    account_id: str = "default"
+
+    @model_validator(mode="after")
+    def _needs_token(self) -> HttpChannelConfig:
+        if self.enabled and not (self.token or self.token_env):
+            raise ValueError("an enabled http channel needs `token` (16+ characters) or `tokenEnv`")
+        return self
+
+
+class ChannelsConfig(_Model):
+    cli: CliChannelConfig = Field(default_factory=CliChannelConfig)
+    http: HttpChannelConfig = Field(default_factory=HttpChannelConfig)
+
+
+class SessionStoreConfig(_Model):
+    fsync: Literal["always", "interval", "never"] = "always"
+    """When an appended message is forced to disk. Every message is written before
+    it is acknowledged, so a killed supervisor loses nothing acknowledged with any
+    of these; `always` also survives a power cut (at a cost per message), `interval`
+    loses at most `fsyncIntervalMs` of them then."""
+    fsync_interval_ms: int = Field(default=200, ge=1, le=60_000)
+
+
+class BusConfig(_Model):
+    inbound_capacity: int = Field(default=1000, ge=1)
+    """Messages waiting for their session; a full queue makes channels wait."""
+    outbound_capacity: int = Field(default=1000, ge=1)
+    session_queue: int = Field(default=100, ge=1)
+    """Messages waiting in one session behind its turn in flight."""
 
 
 class ClawsupConfig(_Model):
@@ -144,6 +274,33 @@ class ClawsupConfig(_Model):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
+    bindings: list[Binding] = Field(default_factory=list)
+    session: SessionConfig = Field(default_factory=SessionConfig)
+    channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
+    session_store: SessionStoreConfig = Field(default_factory=SessionStoreConfig)
+    bus: BusConfig = Field(default_factory=BusConfig)
+    model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+# Top-level sections of an openclaw.json that clawsup does not read (yet): accepted,
+# named in the start-up warning. Anything else unknown at the top is a typo.
+OPENCLAW_SECTIONS = frozenset({"models", "gateway", "messages", "commands", "hooks", "skills", "browser", "ui", "wizard", "logging", "env", "auth", "cron", "web", "talk", "meta", "diagnostics", "update", "discovery", "canvasHost", "broadcast", "audio", "approvals", "nodeHost"})
+
+
+def ignored_keys(model: BaseModel, path: str = "") -> list[str]:
+    """Keys of the config that were accepted but mean nothing to clawsup."""
+    out = [f"{path}{k}" for k in (model.model_extra or {})]
+    for name, field in type(model).model_fields.items():
+        key = f"{path}{field.alias or name}"
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out += ignored_keys(value, key + ".")
+        elif isinstance(value, list):
+            out += [k for i, v in enumerate(value) if isinstance(v, BaseModel) for k in ignored_keys(v, f"{key}[{i}].")]
+    return out
+
+
+_TOP_KEYS = {f.alias or n for n, f in ClawsupConfig.model_fields.items()}
 
 
 def load_config(path: Path) -> ClawsupConfig:
@@ -163,6 +320,9 @@ def parse_config(text: str, source: str) -> ClawsupConfig:
         raise ConfigError(source, [f"not valid JSON5: {e}"]) from e
     if not isinstance(data, dict):
         raise ConfigError(source, ["<root>: must be an object"])
+    unknown = sorted(set(data) - set(_TOP_KEYS) - OPENCLAW_SECTIONS)
+    if unknown:
+        raise ConfigError(source, [f"{k}: not a clawsup or OpenClaw section (known: {', '.join(sorted(_TOP_KEYS))})" for k in unknown])
     try:
         return ClawsupConfig.model_validate(data)
     except ValidationError as e:
