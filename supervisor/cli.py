@@ -386,5 +386,60 @@ def route_explain(
         out.print(f"{k:<15} {v}", highlight=False)
 
 
+@app.command()
+def chat(
+    agent: Annotated[Optional[str], typer.Option("--agent", help="Talk to this agent (default: as routed).")] = None,
+    peer: Annotated[Optional[str], typer.Option("--peer", help="Who you are on the cli channel (default: your user name).")] = None,
+    thread: Annotated[Optional[str], typer.Option("--thread", help="A thread id.")] = None,
+    message: Annotated[Optional[list[str]], typer.Option("--message", "-m", help="Send this and exit (repeatable), instead of the REPL.")] = None,
+    state_dir: StateDir = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """A REPL on the cli channel of the running supervisor. Each line is a message;
+    replies stream back. Ctrl-C while a turn runs sends /stop for this session;
+    Ctrl-D leaves."""
+    client = _client(state_dir, timeout=None)  # type: ignore[arg-type]
+    base = {"op": "chat", "peer": peer, "agent": agent, "thread": thread}
+
+    def send(text: str) -> bool:
+        try:
+            for m in client.stream({**base, "text": text}):
+                if as_json:
+                    print(json.dumps(m), flush=True)
+                elif "ack" in m:
+                    a = m["ack"]
+                    err.print(f"[dim]→ {a['agentId']} ({a['matchedBy']}) · {a['sessionKey']}[/dim]", highlight=False)
+                elif "progress" in m:
+                    err.print(f"[dim]… {m['progress']}[/dim]", highlight=False)
+                elif "reply" in m:
+                    out.print(m["reply"], highlight=False, markup=False)
+                elif not m.get("ok", True):
+                    err.print(f"[red]error:[/red] {m['error']['message']}", highlight=False)
+                    return False
+        except SupervisorNotRunning as e:
+            _fail(str(e), 3)
+        return True
+
+    if message:
+        ok = all([send(t) for t in message])
+        raise typer.Exit(0 if ok else 1)
+    interactive = sys.stdin.isatty()
+    while True:
+        try:
+            line = input("you> " if interactive else "")
+        except EOFError:
+            break
+        except KeyboardInterrupt:
+            print()
+            break
+        if not line.strip():
+            continue
+        try:
+            send(line)
+        except KeyboardInterrupt:
+            err.print("[yellow]stopping the turn…[/yellow]")
+            send("/stop")
+
+
 if __name__ == "__main__":
     app()

@@ -25,7 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sandbox.manifest import format_validation_error
 from supervisor.errors import ClawsupError
 from supervisor.lifecycle import SandboxState
+from supervisor.channels.cli import CliChannel
 from supervisor.manager import SandboxManager
+from supervisor.routing import Route
 from supervisor.sandbox_log import tail_lines
 
 MAX_REQUEST = 1024 * 1024
@@ -79,12 +81,24 @@ class StopReq(_Req):
     op: Literal["stop"]
 
 
-Request = Annotated[StatusReq | ToolsReq | CallReq | LogsReq | RestartReq | WaitReq | StopReq, Field(discriminator="op")]
+class ChatReq(_Req):
+    """One message on the `cli` channel; the answer streams `{"ack": route}`, then
+    `{"progress": text}` lines and the final `{"reply": text}`."""
+
+    op: Literal["chat"]
+    text: str = Field(min_length=1, max_length=100_000)
+    peer: str | None = Field(default=None, min_length=1, max_length=256)
+    agent: str | None = None
+    thread: str | None = None
+
+
+Request = Annotated[StatusReq | ToolsReq | CallReq | LogsReq | RestartReq | WaitReq | StopReq | ChatReq, Field(discriminator="op")]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
 class ControlServer:
-    def __init__(self, path: Path, manager: SandboxManager, on_stop: Callable[[], None]) -> None:
+    def __init__(self, path: Path, manager: SandboxManager, on_stop: Callable[[], None], chat: CliChannel | None = None) -> None:
+        self._chat = chat
         self._path = path
         self._manager = manager
         self._on_stop = on_stop
@@ -201,6 +215,15 @@ class ControlServer:
                 finally:
                     if q is not None:
                         sb.log.unsubscribe(q)
+            case ChatReq(text=text, peer=peer, agent=agent, thread=thread):
+                if self._chat is None:
+                    raise ClawsupError("the cli channel is disabled (channels.cli.enabled)")
+                async for item in self._chat.chat(text, peer=peer, agent=agent, thread=thread):
+                    if isinstance(item, Route):
+                        await _send(writer, {"ack": item.to_json()})
+                    else:
+                        await _send(writer, {"progress" if item.progress else "reply": item.text})
+                await _send(writer, {"ok": True, "data": {}})
             case StopReq():
                 await _send(writer, {"ok": True, "data": {"stopping": True}})
                 self._on_stop()

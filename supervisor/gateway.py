@@ -24,11 +24,12 @@ from sandbox.cgroup import CgroupRoot
 from sandbox.bwrap import BwrapLauncher, bwrap_problem
 from sandbox.launcher import ChildUser, Launcher
 from sandbox.process import ProcessLauncher, Warden, child_users_for, sandbox_uids
-from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, load_config
+from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, ignored_keys, load_config
 from supervisor.control import ControlServer
 from supervisor.errors import ClawsupError, ConfigError
 from supervisor.lifecycle import Transition
 from supervisor.manager import SandboxManager
+from supervisor.messaging import Messaging
 from supervisor.paths import StatePaths
 from supervisor.plans import build_plans
 from supervisor.registry import Registry
@@ -145,6 +146,8 @@ async def run_gateway(opts: GatewayOptions) -> int:
     try:
         cfg_path = opts.config_path or DEFAULT_CONFIG
         cfg: ClawsupConfig = load_config(cfg_path)
+        if ignored := ignored_keys(cfg):
+            logger.warning("config keys clawsup does not use (kept for OpenClaw compatibility): {}", ", ".join(ignored))
         plans = build_plans(cfg, config_source=str(cfg_path), config_dir=cfg_path.parent, extra_plugins=opts.extra_plugins)
         cgroups = CgroupRoot.create()
         if cgroups is None:
@@ -196,7 +199,8 @@ async def run_gateway(opts: GatewayOptions) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        control = ControlServer(paths.control_socket, manager, stop.set)
+        messaging = Messaging.from_config(cfg, paths, source=str(cfg_path))
+        control = ControlServer(paths.control_socket, manager, stop.set, chat=messaging.cli)
         await control.start()
         logger.info("clawsup supervisor pid {} on {} ({} plugin(s))", os.getpid(), paths.root, len(plans))
         ready = asyncio.Event()
@@ -208,11 +212,15 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 run = tg.create_task(manager.run(ready, stop, start_timeout=START_TIMEOUT_S, stop_timeout=stop_timeout))
                 if workspace.scope == "session":
                     tg.create_task(_stop_idle_workspaces(workspaces, run), name="idle workspaces")
+                channels_up = asyncio.Event()
+                tg.create_task(messaging.run(stop, channels_up), name="messaging")
                 await ready.wait()
+                await channels_up.wait()
                 if opts.on_ready is not None:
                     opts.on_ready(manager)
         finally:
             await control.close()
+            messaging.close()
             manager.close()
             warden.close()
             for sig in (signal.SIGINT, signal.SIGTERM):

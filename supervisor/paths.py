@@ -54,6 +54,11 @@ class StatePaths:
     def sandboxes(self) -> Path:
         return self.root / "sandboxes"
 
+    @property
+    def sessions(self) -> Path:
+        """One JSONL file per session key (0700: conversations are private)."""
+        return self.root / "sessions"
+
     def sandbox_log(self, sandbox_id: str) -> Path:
         return self.logs / f"{sandbox_id}.log"
 

@@ -1,0 +1,67 @@
+"""Channel adapters: where messages come from and replies go back to.
+
+An adapter is the only source of a message's identity (channel, account, peer,
+guild, roles, team, thread): it takes them from its transport, never from the
+message's text or a tool's arguments. The interface below is what plugin channels
+will implement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from supervisor.bus import InboundMessage, MessageBus, OutboundMessage
+from supervisor.routing import Route
+
+
+class Channel(Protocol):
+    name: str
+
+    async def serve(self) -> None:
+        """Receive messages until cancelled (a channel with nothing to listen on
+        may simply wait)."""
+        ...
+
+    async def send(self, out: OutboundMessage) -> None:
+        """Deliver one reply or progress note to `out.target`."""
+        ...
+
+
+class Conversations:
+    """The replies a channel still owes to open requests (an HTTP stream, a CLI
+    connection), by conversation id. Replies for a conversation that went away are
+    dropped: they are in the session anyway."""
+
+    def __init__(self, bus: MessageBus) -> None:
+        self.bus = bus
+        self._open: dict[str, asyncio.Queue[OutboundMessage]] = {}
+        self._ids = itertools.count(1)
+
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    async def deliver(self, out: OutboundMessage) -> None:
+        q = self._open.get(out.target.conversation)
+        if q is not None:
+            q.put_nowait(out)
+
+    async def exchange(self, msg: InboundMessage) -> AsyncIterator[Route | OutboundMessage]:
+        """Put `msg` on the bus (waiting while it is full), yield its route once it is
+        in its session (the acknowledgement), then its progress notes and replies up
+        to the final one. Raises the refusal if it was not accepted."""
+        q: asyncio.Queue[OutboundMessage] = asyncio.Queue()
+        conv = msg.reply_to.conversation
+        self._open[conv] = q
+        try:
+            await self.bus.inbound.put(msg)
+            yield await msg.accepted
+            while True:
+                out = await q.get()
+                yield out
+                if out.final:
+                    return
+        finally:
+            self._open.pop(conv, None)

@@ -1,0 +1,45 @@
+"""The `cli` channel: `clawsup chat`, a REPL against the running supervisor through
+the control socket. The operator's own channel: the peer is who runs the command
+(or `--peer`), the account is the default one, and `--agent` may name the agent.
+"""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import AsyncIterator
+
+from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
+from supervisor.channels import Conversations
+from supervisor.routing import DEFAULT_ACCOUNT, Peer, Route, RouteInput
+
+NAME = "cli"
+
+
+class CliChannel:
+    name = NAME
+
+    def __init__(self, bus: MessageBus) -> None:
+        self.conversations = Conversations(bus)
+
+    async def serve(self) -> None:
+        """Messages arrive through the control socket (`chat`); nothing to listen on."""
+
+    async def send(self, out: OutboundMessage) -> None:
+        await self.conversations.deliver(out)
+
+    def chat(self, text: str, *, peer: str | None, agent: str | None, thread: str | None) -> AsyncIterator[Route | OutboundMessage]:
+        who = Peer.of("direct", peer or _os_user())
+        msg = InboundMessage(
+            source=RouteInput(channel=NAME, account_id=DEFAULT_ACCOUNT, peer=who, thread_id=thread),
+            text=text,
+            reply_to=ReplyTarget(channel=NAME, account_id=DEFAULT_ACCOUNT, peer=who, thread_id=thread, conversation=self.conversations.new_id(NAME)),
+            agent_override=agent,
+        )
+        return self.conversations.exchange(msg)
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"

@@ -1,0 +1,129 @@
+"""The `http` channel: a local endpoint for other programs on this machine.
+
+    POST /v1/messages           Authorization: Bearer <channels.http.token>
+    {"text": "...", "peer": {"kind": "direct", "id": "alice"},
+     "accountId": "...", "parentPeer": {...}, "guildId": "...", "roles": [...],
+     "teamId": "...", "threadId": "..."}
+
+answers with server-sent events: `ack` (the route: agentId, matchedBy, sessionKey,
+…) once the message is in its session, then `progress` notes, then `reply`. A refused
+message gets `error`. The identity fields come from the request envelope, which the
+bearer token vouches for; the channel name is always `http`. Loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from sandbox.manifest import format_validation_error
+from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
+from supervisor.channels import Conversations
+from supervisor.errors import ClawsupError
+from supervisor.routing import Peer, Route, RouteInput, norm_account
+
+NAME = "http"
+MAX_BODY = 1024 * 1024
+
+
+class _PeerIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: str = Field(pattern=r"^(?i:direct|dm|group|channel)$")
+    id: str = Field(min_length=1, max_length=512)
+
+
+class MessageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    text: str = Field(min_length=1, max_length=100_000)
+    peer: _PeerIn
+    account_id: str | None = None
+    parent_peer: _PeerIn | None = None
+    guild_id: str | None = None
+    roles: list[str] = Field(default_factory=list)
+    team_id: str | None = None
+    thread_id: str | None = None
+
+
+class HttpChannel:
+    name = NAME
+
+    def __init__(self, bus: MessageBus, *, host: str, port: int, token: str, account_id: str, port_file: Path) -> None:
+        self.conversations = Conversations(bus)
+        self._host, self._port, self._token = host, port, token.encode()
+        self._account = account_id
+        self._port_file = port_file
+        self.port: int | None = None
+        self.started = asyncio.Event()
+
+    async def send(self, out: OutboundMessage) -> None:
+        await self.conversations.deliver(out)
+
+    async def serve(self) -> None:
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post("/v1/messages", self._message)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port)
+        await site.start()
+        try:
+            self.port = runner.addresses[0][1]
+            self._port_file.write_text(f"{self.port}\n")
+            logger.info("http channel on http://{}:{}/v1/messages", self._host, self.port)
+            self.started.set()
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            await runner.cleanup()
+
+    def _authorized(self, request: web.Request) -> bool:
+        got = request.headers.get("Authorization", "")
+        return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), self._token)
+
+    async def _message(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        try:
+            body = MessageIn.model_validate_json(await request.read())
+        except ValidationError as e:
+            return web.json_response({"error": format_validation_error(e)}, status=400)
+        peer = Peer.of(body.peer.kind, body.peer.id)
+        account = norm_account(body.account_id or self._account)
+        msg = InboundMessage(
+            source=RouteInput(
+                channel=NAME,
+                account_id=account,
+                peer=peer,
+                parent_peer=Peer.of(body.parent_peer.kind, body.parent_peer.id) if body.parent_peer else None,
+                guild_id=body.guild_id,
+                member_role_ids=tuple(body.roles),
+                team_id=body.team_id,
+                thread_id=body.thread_id,
+            ),
+            text=body.text,
+            reply_to=ReplyTarget(channel=NAME, account_id=account, peer=peer, thread_id=body.thread_id, conversation=self.conversations.new_id(NAME)),
+        )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            async for item in self.conversations.exchange(msg):
+                if isinstance(item, Route):
+                    await _event(resp, "ack", {"messageId": msg.id, **item.to_json()})
+                else:
+                    await _event(resp, "progress" if item.progress else "reply", {"text": item.text, "sessionKey": item.session_key, "inReplyTo": item.in_reply_to})
+        except ClawsupError as e:
+            await _event(resp, "error", {"code": e.code, "message": str(e)})
+        except ConnectionResetError:
+            return resp
+        await resp.write_eof()
+        return resp
+
+
+async def _event(resp: web.StreamResponse, name: str, data: dict[str, Any]) -> None:
+    await resp.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())

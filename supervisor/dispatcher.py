@@ -1,0 +1,275 @@
+"""From the inbound queue to replies: route each message, put it in its session, run
+the session's turns one at a time, and send each answer back where it came from.
+
+Each session key has a lane: messages are written to the session (and acknowledged)
+in arrival order as they come, and its turns run strictly in that order, one at a
+time; different sessions' lanes run concurrently. There is no global lock: a slow
+turn holds only its own session. `/stop` is handled as it arrives, not queued: it
+cancels that session's turn in flight (and, through cancellation, whatever the turn
+started) and nothing else.
+
+Created by the gateway; `run()` owns a task group with the inbound and outbound
+pumps and one task per live lane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from loguru import logger
+
+from supervisor.bus import InboundMessage, MessageBus, OutboundMessage
+from supervisor.errors import ClawsupError
+from supervisor.routing import Route, Router
+from supervisor.session_store import SessionStore
+
+STOP_COMMAND = "/stop"
+LANE_IDLE_S = 300.0
+
+
+class SessionBusy(ClawsupError):
+    code = "session_busy"
+
+
+Progress = Callable[[str], Awaitable[None]]
+
+
+class Agent(Protocol):
+    """What runs a turn. The agent loop (issue 5) replaces the placeholder."""
+
+    async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str: ...
+
+
+class PlaceholderAgent:
+    """Until the agent loop lands: acknowledges each message with the agent id and the
+    session key, so that the path can be followed end to end. `/sleep N` makes a turn
+    that takes N seconds (with a progress note first), to watch per-session order,
+    concurrency and `/stop`."""
+
+    async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str:
+        text = message.text.strip()
+        if text.startswith("/sleep"):
+            try:
+                seconds = min(float(text.split()[1]), 3600.0)
+            except (IndexError, ValueError):
+                return "usage: /sleep SECONDS"
+            await progress(f"working for {seconds:g} s…")
+            await asyncio.sleep(seconds)
+            return f"[{route.agent_id}] slept {seconds:g} s in {route.session_key}"
+        return f"[{route.agent_id}] received in {route.session_key}: {text}"
+
+
+@dataclass
+class _Lane:
+    key: str
+    queue: asyncio.Queue[tuple[InboundMessage, Route]]
+    task: asyncio.Task[None] | None = None
+    closing: bool = False
+    """Set (synchronously) when the lane decides to end, idle: a message arriving
+    after that opens a new lane rather than land in a queue nobody reads."""
+    turn: asyncio.Task[str] | None = None
+    turn_of: InboundMessage | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        bus: MessageBus,
+        router: Router,
+        store: SessionStore,
+        agent: Agent,
+        channels: Mapping[str, Any],
+        session_queue: int = 100,
+    ) -> None:
+        self.bus = bus
+        self.router = router
+        self.store = store
+        self.agent = agent
+        self.channels = channels
+        """Channel name -> adapter with `async send(OutboundMessage)`."""
+        self._session_queue = session_queue
+        self._lanes: dict[str, _Lane] = {}
+        self._tg: asyncio.TaskGroup | None = None
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            tg.create_task(self._inbound(), name="bus inbound")
+            tg.create_task(self._outbound(), name="bus outbound")
+            if self.store.fsync == "interval":
+                tg.create_task(self.store.flush_periodically(), name="session fsync")
+
+    # -- inbound ---------------------------------------------------------------
+
+    async def _inbound(self) -> None:
+        while True:
+            msg = await self.bus.inbound.get()
+            try:
+                route = self.router.resolve(msg.source, agent_override=msg.agent_override)
+            except Exception as e:  # a router bug must cost this message only
+                logger.exception("routing failed for {}", msg.id)
+                _fail(msg, ClawsupError(f"routing failed: {e}"))
+                continue
+            if msg.text.strip() == STOP_COMMAND:
+                await self._stop(msg, route)
+                continue
+            lane = self._lane(route.session_key)
+            try:
+                lane.queue.put_nowait((msg, route))
+            except asyncio.QueueFull:
+                # Backpressure for this session alone: the others go on.
+                _fail(msg, SessionBusy(f"session {route.session_key} has {lane.queue.qsize()} messages waiting; try again shortly"))
+
+    def _lane(self, key: str) -> _Lane:
+        lane = self._lanes.get(key)
+        if lane is None or lane.closing or lane.task is None or lane.task.done():
+            lane = _Lane(key, asyncio.Queue(self._session_queue))
+            assert self._tg is not None
+            lane.task = self._tg.create_task(self._guard_lane(lane), name=f"session {key}")
+            self._lanes[key] = lane
+        return lane
+
+    async def _guard_lane(self, lane: _Lane) -> None:
+        """A bug in one session's lane must cost that session only."""
+        try:
+            await self._run_lane(lane)
+        except Exception:
+            logger.exception("{}: session lane failed; its waiting messages are refused", lane.key)
+            lane.closing = True
+            while not lane.queue.empty():
+                msg, _ = lane.queue.get_nowait()
+                _fail(msg, ClawsupError("the session failed; see the supervisor log"))
+            if self._lanes.get(lane.key) is lane:
+                del self._lanes[lane.key]
+
+    async def _run_lane(self, lane: _Lane) -> None:
+        """Write each message to the session as it comes (acknowledging it), and run
+        the turns one at a time, in order."""
+        pending: asyncio.Queue[tuple[InboundMessage, Route]] = asyncio.Queue()
+
+        async def accept() -> None:
+            while True:
+                try:
+                    async with asyncio.timeout(LANE_IDLE_S):
+                        msg, route = await lane.queue.get()
+                except TimeoutError:
+                    if pending.empty() and lane.turn is None and lane.queue.empty():
+                        lane.closing = True
+                        return
+                    continue
+                try:
+                    await self.store.append(route.session_key, _record("user", msg, route))
+                except OSError as e:
+                    logger.error("{}: cannot write the session: {}", route.session_key, e)
+                    _fail(msg, ClawsupError(f"the message could not be stored: {e}"))
+                    continue
+                if not msg.accepted.done():
+                    msg.accepted.set_result(route)
+                pending.put_nowait((msg, route))
+
+        async with asyncio.TaskGroup() as tg:
+            acceptor = tg.create_task(accept())
+            while True:
+                getter = asyncio.ensure_future(pending.get())
+                done, _ = await asyncio.wait({getter, acceptor}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    if pending.empty():
+                        break
+                    continue
+                msg, route = getter.result()
+                await self._turn(lane, msg, route)
+        if self._lanes.get(lane.key) is lane:
+            del self._lanes[lane.key]
+
+    async def _turn(self, lane: _Lane, msg: InboundMessage, route: Route) -> None:
+        async def progress(text: str) -> None:
+            await self._send(msg, route, text, progress=True, final=False)
+
+        t0 = time.monotonic()
+        lane.turn = asyncio.ensure_future(self.agent.turn(route, msg, progress))
+        lane.turn_of = msg
+        try:
+            reply = await asyncio.shield(lane.turn)
+        except asyncio.CancelledError:
+            if lane.turn.cancelled() and not _cancelling():
+                reply = None  # stopped by /stop
+            else:
+                lane.turn.cancel()
+                raise
+        except Exception as e:
+            logger.exception("{}: turn failed", route.session_key)
+            reply = f"error: the turn failed: {e}"
+        finally:
+            lane.turn = lane.turn_of = None
+        if reply is None:
+            await self.store.append(route.session_key, {"role": "system", "text": "turn stopped by /stop", "inReplyTo": msg.id, "ts": time.time()})
+            await self._send(msg, route, "stopped.", final=True)
+            return
+        await self.store.append(route.session_key, {"role": "assistant", "agentId": route.agent_id, "text": reply, "inReplyTo": msg.id, "ts": time.time(), "turnS": round(time.monotonic() - t0, 4)})
+        await self._send(msg, route, reply, final=True)
+
+    async def _stop(self, msg: InboundMessage, route: Route) -> None:
+        lane = self._lanes.get(route.session_key)
+        turn = lane.turn if lane else None
+        if not msg.accepted.done():
+            msg.accepted.set_result(route)
+        if turn is None or turn.done():
+            await self._send(msg, route, "nothing to stop.", final=True)
+            return
+        turn.cancel()
+        logger.info("{}: turn stopped by /stop", route.session_key)
+        await self._send(msg, route, "stopping the turn in flight.", final=True)
+
+    # -- outbound --------------------------------------------------------------
+
+    async def _send(self, msg: InboundMessage, route: Route, text: str, *, progress: bool = False, final: bool = True) -> None:
+        await self.bus.outbound.put(
+            OutboundMessage(target=msg.reply_to, text=text, session_key=route.session_key, agent_id=route.agent_id, in_reply_to=msg.id, progress=progress, final=final)
+        )
+
+    async def _outbound(self) -> None:
+        while True:
+            out = await self.bus.outbound.get()
+            channel = self.channels.get(out.target.channel)
+            if channel is None:
+                logger.warning("reply for channel {!r}, which is not running; dropped", out.target.channel)
+                continue
+            try:
+                await channel.send(out)
+            except Exception:
+                logger.exception("channel {} failed to deliver a reply", out.target.channel)
+
+
+def _record(role: str, msg: InboundMessage, route: Route) -> dict[str, Any]:
+    src = msg.source
+    rec: dict[str, Any] = {
+        "role": role,
+        "id": msg.id,
+        "text": msg.text,
+        "ts": time.time(),
+        "agentId": route.agent_id,
+        "matchedBy": route.matched_by,
+        "channel": msg.reply_to.channel,
+        "accountId": route.account_id,
+        "peer": {"kind": src.peer.kind, "id": src.peer.id},
+    }
+    if src.thread_id:
+        rec["threadId"] = src.thread_id
+    return rec
+
+
+def _fail(msg: InboundMessage, e: Exception) -> None:
+    if not msg.accepted.done():
+        msg.accepted.set_exception(e)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return bool(task and task.cancelling())
