@@ -103,6 +103,9 @@ class Lifecycle:
     last_exit: ExitStatus | None = None
     seq: int = 0
     """Counts transitions, so a waiter can tell a new state from an old one."""
+    recent: deque[tuple[int, SandboxState]] = field(default_factory=lambda: deque(maxlen=32))
+    """The last transitions, (seq, state entered): a waiter woken after two quick
+    ones (crashed, then backoff) still sees the first."""
 
     def enter(self, new: SandboxState, why: str = "") -> Transition:
         old = self.state
@@ -110,6 +113,7 @@ class Lifecycle:
             raise IllegalTransition(f"{self.sandbox_id}: {old.value} → {new.value} is not an allowed edge ({why})")
         self.state = new
         self.seq += 1
+        self.recent.append((self.seq, new))
         now = self.clock()
         if new is S.READY:
             self.started_at = now
@@ -120,6 +124,13 @@ class Lifecycle:
         for listen in self.listeners:
             listen(t)
         return t
+
+    def first_since(self, after: int, states: frozenset[SandboxState]) -> SandboxState | None:
+        """The first of `states` entered by a transition numbered above `after`."""
+        for seq, state in self.recent:
+            if seq > after and state in states:
+                return state
+        return None
 
     def record_death(self, status: ExitStatus) -> float | None:
         """Count a death and decide: the backoff delay, or None for `failed`."""

@@ -179,9 +179,13 @@ class SupervisedSandbox:
         """Wait until the sandbox is in one of `states`, reached by a transition
         numbered above `after` (event-driven, bounded)."""
         async with asyncio.timeout(timeout):
-            while self.lc.state not in states or self.lc.seq <= after:
+            while True:
+                if after >= 0:
+                    if (hit := self.lc.first_since(after, states)) is not None:
+                        return hit
+                elif self.lc.state in states:
+                    return self.lc.state
                 await self._changed.wait()
-        return self.lc.state
 
     def status(self) -> dict[str, Any]:
         now = self.lc.clock()
