@@ -18,6 +18,13 @@ Figures (issue 3):
       workspace sandbox on the process backend, Exec stream, result)
       baseline: asyncio.create_subprocess_exec('/bin/true') and wait, in this process
   (f) the same on the bwrap backend (skipped, and said, when bwrap is unavailable)
+Figure (issue 4):
+  (g) messages through channel (the cli adapter, in process), bus, router, session
+      append and reply, with the placeholder agent, over 1, 10 and 100 sessions, each
+      sender waiting for its reply before the next: messages/s and p50/p99 latency,
+      with fsync `always` (the default) and `never`
+      baseline: the bare bus, an inbound and an outbound asyncio.Queue with an echo
+      consumer between them, driven the same way
 """
 
 from __future__ import annotations
@@ -203,6 +210,100 @@ async def bench_exec_true(manager: SandboxManager, agent: str, n: int, warmup: i
     return out
 
 
+async def _drive(sessions: int, total: int, one: Any) -> dict[str, Any]:
+    """`sessions` senders, each sending its share one after another (waiting for the
+    reply); per-message latency and overall throughput."""
+    lat: list[float] = []
+    per = max(total // sessions, 1)
+
+    async def sender(s: int) -> None:
+        for k in range(per):
+            t0 = time.perf_counter()
+            await one(s, k)
+            lat.append((time.perf_counter() - t0) * 1000)
+
+    t0 = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for s in range(sessions):
+            tg.create_task(sender(s))
+    wall = time.perf_counter() - t0
+    return {"sessions": sessions, "messages": len(lat), "per_s": len(lat) / wall, "latency_ms": summary(lat)}
+
+
+async def bench_messages(total: int) -> dict[str, Any]:
+    from supervisor.bus import MessageBus
+    from supervisor.config import ClawsupConfig
+    from supervisor.messaging import Messaging
+    from supervisor.routing import Route
+
+    out: dict[str, Any] = {"baseline": {}, "always": {}, "never": {}}
+    for n in (1, 10, 100):
+        # The bare bus: an inbound and an outbound queue, an echo consumer between.
+        bus = MessageBus()
+        waiting: dict[int, asyncio.Future[str]] = {}
+
+        async def echo() -> None:
+            while True:
+                key, text = await bus.inbound.get()  # type: ignore[misc]
+                await bus.outbound.put((key, text))  # type: ignore[arg-type]
+
+        async def deliver() -> None:
+            while True:
+                key, text = await bus.outbound.get()  # type: ignore[misc]
+                waiting.pop(key).set_result(text)
+
+        counter = iter(range(10**9))
+
+        async def bare(s: int, k: int) -> None:
+            key = next(counter)
+            fut = asyncio.get_running_loop().create_future()
+            waiting[key] = fut
+            await bus.inbound.put((key, f"s{s} m{k}"))  # type: ignore[arg-type]
+            await fut
+
+        async with asyncio.TaskGroup() as tg:
+            pumps = [tg.create_task(echo()), tg.create_task(deliver())]
+            out["baseline"][n] = await _drive(n, total, bare)
+            for p in pumps:
+                p.cancel()
+
+        for fsync in ("always", "never"):
+            state = Path(tempfile.mkdtemp(prefix="cs-bench-msg-", dir="/tmp"))
+            paths = StatePaths(state)
+            paths.ensure()
+            cfg = ClawsupConfig.model_validate({"sessionStore": {"fsync": fsync}, "session": {"dmScope": "per-channel-peer"}})
+            m = Messaging.from_config(cfg, paths, source="bench")
+            cli = m.cli
+            assert cli is not None
+
+            async def through(s: int, k: int) -> None:
+                async for item in cli.chat(f"message {k}", peer=f"peer{s}", agent=None, thread=None):
+                    if not isinstance(item, Route) and item.final:
+                        return
+
+            stop, up = asyncio.Event(), asyncio.Event()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(m.run(stop, up))
+                await up.wait()
+                out[fsync][n] = await _drive(n, total, through)
+                stop.set()
+            m.close()
+            import shutil
+
+            shutil.rmtree(state, ignore_errors=True)
+    return out
+
+
+def print_messages(g: dict[str, Any]) -> None:
+    print("(g) messages: channel -> bus -> router -> session append -> reply (placeholder agent)")
+    print(f"{'sessions':>10}{'fsync':>8}{'msg/s':>10}{'p50 ms':>9}{'p99 ms':>9}   {'bare bus msg/s':>15}{'p50 ms':>9}{'p99 ms':>9}{'msg/s ratio':>13}")
+    for n in (1, 10, 100):
+        b = g["baseline"][n]
+        for fsync in ("always", "never"):
+            f = g[fsync][n]
+            print(f"{n:>10}{fsync:>8}{f['per_s']:>10.0f}{f['latency_ms']['p50']:>9.3f}{f['latency_ms']['p99']:>9.3f}   {b['per_s']:>15.0f}{b['latency_ms']['p50']:>9.3f}{b['latency_ms']['p99']:>9.3f}{f['per_s'] / b['per_s']:>12.3f}x")
+
+
 def uss(pid: int) -> int:
     return psutil.Process(pid).memory_full_info().uss
 
@@ -214,9 +315,16 @@ async def main() -> None:
     ap.add_argument("--starts", type=int, default=30)
     ap.add_argument("--crashes", type=int, default=50)
     ap.add_argument("--execs", type=int, default=500)
+    ap.add_argument("--messages", type=int, default=2000, help="per (g) run, spread over the sessions")
+    ap.add_argument("--only", choices=["g"], help="run only this figure")
     a = ap.parse_args()
     logger.remove()
 
+    if a.only == "g":
+        results = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "g_messages": await bench_messages(a.messages)}
+        Path(a.out).write_text(json.dumps(results, indent=2))
+        print_messages(results["g_messages"])
+        return
     tmp = Path(tempfile.mkdtemp(prefix="cs-bench-", dir="/tmp"))
     paths = StatePaths(tmp)
     paths.ensure()
@@ -315,8 +423,10 @@ async def main() -> None:
         manager.close()
         warden.close()
 
+    results["g_messages"] = await bench_messages(a.messages)
     Path(a.out).write_text(json.dumps(results, indent=2))
     print_table(results)
+    print_messages(results["g_messages"])
     print(f"\nJSON written to {a.out}")
 
 

@@ -150,8 +150,9 @@ class Dispatcher:
 
     async def _run_lane(self, lane: _Lane) -> None:
         """Write each message to the session as it comes (acknowledging it), and run
-        the turns one at a time, in order."""
-        pending: asyncio.Queue[tuple[InboundMessage, Route]] = asyncio.Queue()
+        the turns one at a time, in order. The lane ends when it has been idle for
+        LANE_IDLE_S; the next message for its key opens a new one."""
+        pending: asyncio.Queue[tuple[InboundMessage, Route] | None] = asyncio.Queue()
 
         async def accept() -> None:
             while True:
@@ -161,6 +162,7 @@ class Dispatcher:
                 except TimeoutError:
                     if pending.empty() and lane.turn is None and lane.queue.empty():
                         lane.closing = True
+                        pending.put_nowait(None)
                         return
                     continue
                 try:
@@ -173,18 +175,13 @@ class Dispatcher:
                     msg.accepted.set_result(route)
                 pending.put_nowait((msg, route))
 
+        async def run_turns() -> None:
+            while (item := await pending.get()) is not None:
+                await self._turn(lane, *item)
+
         async with asyncio.TaskGroup() as tg:
-            acceptor = tg.create_task(accept())
-            while True:
-                getter = asyncio.ensure_future(pending.get())
-                done, _ = await asyncio.wait({getter, acceptor}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    if pending.empty():
-                        break
-                    continue
-                msg, route = getter.result()
-                await self._turn(lane, msg, route)
+            tg.create_task(accept(), name=f"session {lane.key} accept")
+            tg.create_task(run_turns(), name=f"session {lane.key} turns")
         if self._lanes.get(lane.key) is lane:
             del self._lanes[lane.key]
 
