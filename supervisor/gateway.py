@@ -14,7 +14,7 @@ import os
 import pwd
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +102,21 @@ def _choose_child_users(run_as: str, paths: StatePaths, plans: list[SandboxPlan]
     names = ", ".join(f"{sid} as {u.name}" for sid, u in users.items())
     logger.info("sandbox children drop root: {}", names)
     return users, sockets
+
+
+@contextlib.asynccontextmanager
+async def _plain_errors() -> AsyncIterator[None]:
+    """A ClawsupError from one of the gateway's tasks (a channel that cannot listen,
+    say) reaches the CLI as itself, not wrapped in an exception group."""
+    try:
+        yield
+    except BaseExceptionGroup as eg:
+        found = eg.subgroup(lambda e: isinstance(e, ClawsupError))
+        while isinstance(found, BaseExceptionGroup):
+            found = found.exceptions[0]
+        if found is not None:
+            raise found from None
+        raise
 
 
 async def _stop_idle_workspaces(workspaces: Workspaces, run: asyncio.Task[None]) -> None:
@@ -208,7 +223,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
         # SIGKILLed; this is the outer bound on the whole shutdown.
         stop_timeout = 3 * s.stop_grace_seconds + 2
         try:
-            async with asyncio.TaskGroup() as tg:
+            async with _plain_errors(), asyncio.TaskGroup() as tg:
                 run = tg.create_task(manager.run(ready, stop, start_timeout=START_TIMEOUT_S, stop_timeout=stop_timeout))
                 if workspace.scope == "session":
                     tg.create_task(_stop_idle_workspaces(workspaces, run), name="idle workspaces")

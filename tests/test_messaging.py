@@ -231,3 +231,28 @@ def test_acknowledged_messages_survive_kill_9(gateway_factory: Any, state_dir: P
         assert "its last line was torn" in gw2.supervisor_log()
     finally:
         gw2.stop()
+
+
+def test_a_port_in_use_stops_the_start_with_a_clear_error(gateway_factory: Any) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = messaging_config()
+        cfg["channels"]["http"]["port"] = taken.getsockname()[1]
+        with pytest.raises(AssertionError, match=r"channels\.http: cannot listen on 127\.0\.0\.1:\d+"):
+            gateway_factory(cfg)
+
+
+def test_openclaw_sections_load_unchanged_and_unused_keys_are_named(gateway_factory: Any) -> None:
+    cfg = messaging_config()
+    cfg["agents"]["list"][1]["identity"] = {"name": "Worker", "emoji": "🛠"}
+    cfg["session"]["reset"] = {"mode": "daily"}
+    cfg["gateway"] = {"port": 18789}
+    gw = gateway_factory(cfg)
+    log = gw.supervisor_log()
+    assert "config keys clawsup does not use" in log
+    for key in ("agents.list[1].identity", "session.reset", "gateway"):
+        assert key in log
+    assert say(gw, "boss", "hi")[0][1]["agentId"] == "work"

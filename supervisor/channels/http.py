@@ -72,7 +72,11 @@ class HttpChannel:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:
+            await runner.cleanup()
+            raise ClawsupError(f"channels.http: cannot listen on {self._host}:{self._port}: {e.strerror or e}") from None
         try:
             self.port = runner.addresses[0][1]
             self._port_file.write_text(f"{self.port}\n")
