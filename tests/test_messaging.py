@@ -256,3 +256,25 @@ def test_openclaw_sections_load_unchanged_and_unused_keys_are_named(gateway_fact
     for key in ("agents.list[1].identity", "session.reset", "gateway"):
         assert key in log
     assert say(gw, "boss", "hi")[0][1]["agentId"] == "work"
+
+
+def test_stopping_the_gateway_ends_open_conversations_at_once(gw: Gateway) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    working = threading.Event()
+
+    def talk() -> None:
+        for event, data in post(gw, {"text": "/sleep 60", "peer": {"kind": "direct", "id": "late"}}):
+            events.append((event, data))
+            if event == "progress":
+                working.set()
+
+    t = threading.Thread(target=talk)
+    t.start()
+    assert working.wait(10)
+    t0 = time.monotonic()
+    assert gw.stop() == 0
+    t.join(10)
+    assert time.monotonic() - t0 < 10
+    assert events[-1][0] == "error" and "shutting down" in events[-1][1]["message"]
+    # What was acknowledged is in the session even though its turn never finished.
+    assert [r["text"] for r in session(gw, "agent:main:http:direct:late")] == ["/sleep 60"]

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from supervisor.bus import InboundMessage, MessageBus, OutboundMessage
+from supervisor.errors import ClawsupError
 from supervisor.routing import Route
 
 
@@ -30,6 +31,9 @@ class Channel(Protocol):
         ...
 
 
+SHUTTING_DOWN = "the gateway is shutting down; the message is in its session, but its turn did not finish"
+
+
 class Conversations:
     """The replies a channel still owes to open requests (an HTTP stream, a CLI
     connection), by conversation id. Replies for a conversation that went away are
@@ -37,8 +41,9 @@ class Conversations:
 
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus
-        self._open: dict[str, asyncio.Queue[OutboundMessage]] = {}
+        self._open: dict[str, asyncio.Queue[OutboundMessage | None]] = {}
         self._ids = itertools.count(1)
+        self._closed = ""
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"
@@ -52,7 +57,9 @@ class Conversations:
         """Put `msg` on the bus (waiting while it is full), yield its route once it is
         in its session (the acknowledgement), then its progress notes and replies up
         to the final one. Raises the refusal if it was not accepted."""
-        q: asyncio.Queue[OutboundMessage] = asyncio.Queue()
+        if self._closed:
+            raise ClawsupError(self._closed)
+        q: asyncio.Queue[OutboundMessage | None] = asyncio.Queue()
         conv = msg.reply_to.conversation
         self._open[conv] = q
         try:
@@ -60,8 +67,17 @@ class Conversations:
             yield await msg.accepted
             while True:
                 out = await q.get()
+                if out is None:
+                    raise ClawsupError(self._closed)
                 yield out
                 if out.final:
                     return
         finally:
             self._open.pop(conv, None)
+
+    def close_all(self, reason: str) -> None:
+        """End every open conversation now (the gateway is stopping): each gets
+        `reason` as an error instead of a reply that will not come."""
+        self._closed = reason
+        for q in self._open.values():
+            q.put_nowait(None)

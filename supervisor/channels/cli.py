@@ -5,11 +5,12 @@ the control socket. The operator's own channel: the peer is who runs the command
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 from collections.abc import AsyncIterator
 
 from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
-from supervisor.channels import Conversations
+from supervisor.channels import SHUTTING_DOWN, Conversations
 from supervisor.routing import DEFAULT_ACCOUNT, Peer, Route, RouteInput
 
 NAME = "cli"
@@ -22,7 +23,12 @@ class CliChannel:
         self.conversations = Conversations(bus)
 
     async def serve(self) -> None:
-        """Messages arrive through the control socket (`chat`); nothing to listen on."""
+        """Messages arrive through the control socket (`chat`): nothing to listen on,
+        only open conversations to end when the gateway stops."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.conversations.close_all(SHUTTING_DOWN)
 
     async def send(self, out: OutboundMessage) -> None:
         await self.conversations.deliver(out)

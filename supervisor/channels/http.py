@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_camel
 
 from sandbox.manifest import format_validation_error
 from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
-from supervisor.channels import Conversations
+from supervisor.channels import SHUTTING_DOWN, Conversations
 from supervisor.errors import ClawsupError
 from supervisor.routing import Peer, Route, RouteInput, norm_account
 
@@ -69,7 +69,8 @@ class HttpChannel:
     async def serve(self) -> None:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post("/v1/messages", self._message)
-        runner = web.AppRunner(app, access_log=None)
+        # Open streams are ended by close_all below; what is left gets a short grace.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._port)
         try:
@@ -84,6 +85,7 @@ class HttpChannel:
             self.started.set()
             await asyncio.Event().wait()  # until cancelled
         finally:
+            self.conversations.close_all(SHUTTING_DOWN)
             await runner.cleanup()
 
     def _authorized(self, request: web.Request) -> bool:
