@@ -77,10 +77,14 @@ class SessionStore:
         """For `interval`: runs until cancelled (owned by the dispatcher's task group)."""
         while True:
             await asyncio.sleep(self.interval_s)
-            dirty, self._dirty = self._dirty, set()
-            for fd in dirty:
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(os.fsync, fd)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Force what was written since the last flush to disk."""
+        dirty, self._dirty = self._dirty, set()
+        for fd in dirty:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(os.fsync, fd)
 
     def read(self, key: str) -> list[dict[str, Any]]:
         return read_session(self.path(key))

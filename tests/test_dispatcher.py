@@ -91,3 +91,13 @@ def test_a_torn_tail_is_kept_aside_and_cut(tmp_path: Path) -> None:
     assert path.read_bytes() == b'{"role":"user","text":"whole"}\n{"role":"user","text":"next"}\n'
     [aside] = tmp_path.glob("*.torn-*")
     assert aside.read_bytes() == b'{"role":"user","te'
+
+
+async def test_interval_fsync_flushes_what_was_written(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path, fsync="interval", interval_s=60)
+    await store.append("k", {"role": "user", "text": "x"})
+    assert store._dirty  # written, not yet forced
+    await store.flush()  # what the periodic task does every interval
+    assert not store._dirty
+    assert read_session(store.path("k")) == [{"role": "user", "text": "x"}]
+    store.close()
