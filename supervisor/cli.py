@@ -441,5 +441,55 @@ def chat(
             send("/stop")
 
 
+@tools_app.command("explain")
+def tools_explain(
+    agent: Annotated[Optional[str], typer.Option("--agent", help="The agent (default: the default agent).")] = None,
+    provider: Annotated[Optional[str], typer.Option("--provider", help="provider/model, e.g. anthropic/claude-sonnet-4-5.")] = None,
+    channel: Annotated[Optional[str], typer.Option("--channel")] = None,
+    group_id: Annotated[Optional[str], typer.Option("--group-id")] = None,
+    sender: Annotated[Optional[str], typer.Option("--sender")] = None,
+    owner: Annotated[bool, typer.Option("--owner", help="The caller is an owner.")] = False,
+    subagent: Annotated[bool, typer.Option("--subagent", help="A subagent's turn.")] = False,
+    config: ConfigOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Which tools a turn would be shown (and may call), and which layer removed each
+    of the others, from the config and the plugins' manifests alone."""
+    from loguru import logger
+
+    from supervisor.plans import build_plans
+    from supervisor.tool_policy import Caller, decide
+    from supervisor.workspaces import CORE_TOOLS
+
+    logger.remove()
+    cfg, source = _load(config)
+    cfg_dir = (config or Path(source)).resolve().parent
+    try:
+        plans = build_plans(cfg, config_source=source, config_dir=cfg_dir, extra_plugins=[])
+    except ClawsupError as e:
+        _fail(str(e), 2)
+    available = {name: "core" for name in CORE_TOOLS}
+    for plan in plans:
+        available.update({t: plan.plugin_id for t in plan.declared_tools})
+    agent_id = (agent or cfg.agents.default_id()).lower()
+    entry = next((a for a in cfg.agents.entries if a.id == agent_id), None)
+    if entry is None and cfg.agents.entries:
+        _fail(f"no agent {agent_id!r} in agents.list (known: {', '.join(cfg.agents.ids())})", 2)
+    d = decide(
+        cfg.tools.policy(),
+        entry.tools if entry else None,
+        Caller(agent=agent_id, provider=provider or "", channel=channel or "", group_id=group_id, sender=sender, owner=owner, subagent=subagent),
+        available,
+    )
+    for w in d.warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    if as_json:
+        print(json.dumps(d.to_json()))
+        return
+    out.print(f"shown and callable: {', '.join(d.tools) or '(none)'}", highlight=False)
+    for tool, layer in sorted(d.removed.items()):
+        out.print(f"  removed {tool:<20} by {layer}", highlight=False)
+
+
 if __name__ == "__main__":
     app()

@@ -113,9 +113,29 @@ class FsToolsConfig(_OpenClaw):
     """The most `read` returns in one call; larger files are read with offset/limit."""
 
 
+ToolProfile = Literal["minimal", "coding", "messaging", "full"]
+
+
 class ToolsConfig(_OpenClaw):
     exec: ExecToolConfig = Field(default_factory=ExecToolConfig)
     fs: FsToolsConfig = Field(default_factory=FsToolsConfig)
+    # OpenClaw's tool policy (supervisor/tool_policy.py has the layers and their order).
+    profile: ToolProfile | None = None
+    allow: list[str] = Field(default_factory=list)
+    deny: list[str] = Field(default_factory=list)
+    also_allow: list[str] = Field(default_factory=list)
+    by_provider: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    by_channel: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    by_sender: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    owner_only: list[str] = Field(default_factory=list)
+    """Tools only an owner may see and call."""
+    owners: list[str] = Field(default_factory=list)
+    """Owners, as `channel:peerId` (the cli channel's operator always is one)."""
+
+    def policy(self) -> dict[str, Any]:
+        """The policy keys as OpenClaw spells them, for tool_policy.decide."""
+        d = self.model_dump(by_alias=True, exclude={"exec", "fs"})
+        return d
 
 
 WorkspaceBackend = Literal["auto", "process", "bwrap"]
