@@ -162,6 +162,9 @@ class AgentSandboxConfig(_OpenClaw):
 
 class AgentDefaults(_OpenClaw):
     sandbox: AgentSandboxConfig = Field(default_factory=AgentSandboxConfig)
+    model: str | dict[str, Any] | None = None
+    """`offline` (the default), `anthropic/<model>`, or any `provider/model` litellm
+    knows; OpenClaw's `{primary: ...}` form works too."""
 
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -289,6 +292,42 @@ class BusConfig(_Model):
     """Messages waiting in one session behind its turn in flight."""
 
 
+class ProviderConfig(_Model):
+    api_key_env: str | None = None
+    """The environment variable with the key (default: the provider's usual one,
+    such as ANTHROPIC_API_KEY). Keys never go in this file."""
+    base_url: str | None = None
+    max_retries: int = Field(default=3, ge=0, le=10)
+    """Retries of transient failures (rate limits, overload), with backoff."""
+    timeout_seconds: float = Field(default=120.0, gt=0)
+    max_tokens: int = Field(default=4096, ge=1)
+
+
+class ProvidersConfig(_Model):
+    anthropic: ProviderConfig = Field(default_factory=ProviderConfig)
+    litellm: ProviderConfig = Field(default_factory=ProviderConfig)
+    """Every provider that is not `anthropic` or `offline`."""
+
+
+class LoopDetectionConfig(_Model):
+    enabled: bool = True
+    same_call_warn: int = Field(default=3, ge=2)
+    """The same tool with the same arguments this many times in one turn: the model
+    gets a warning."""
+    same_call_stop: int = Field(default=5, ge=2)
+    """... and this many: the turn stops."""
+    same_file_reads_warn: int = Field(default=4, ge=2)
+    same_file_reads_stop: int = Field(default=6, ge=2)
+
+
+class AgentLoopConfig(_Model):
+    max_iterations: int = Field(default=12, ge=1, le=200)
+    """Model calls per turn, at most."""
+    history_messages: int = Field(default=60, ge=1)
+    """How much of the session the model sees."""
+    loop_detection: LoopDetectionConfig = Field(default_factory=LoopDetectionConfig)
+
+
 class ClawsupConfig(_Model):
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
@@ -299,6 +338,8 @@ class ClawsupConfig(_Model):
     channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
     session_store: SessionStoreConfig = Field(default_factory=SessionStoreConfig)
     bus: BusConfig = Field(default_factory=BusConfig)
+    providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
+    agent_loop: AgentLoopConfig = Field(default_factory=AgentLoopConfig)
     model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 

@@ -28,6 +28,7 @@ from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, ignored_keys, load_
 from supervisor.control import ControlServer
 from supervisor.errors import ClawsupError, ConfigError
 from supervisor.lifecycle import Transition
+from supervisor.agent_loop import AgentLoop
 from supervisor.manager import SandboxManager
 from supervisor.messaging import Messaging
 from supervisor.paths import StatePaths
@@ -214,7 +215,9 @@ async def run_gateway(opts: GatewayOptions) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        messaging = Messaging.from_config(cfg, paths, source=str(cfg_path))
+        messaging = Messaging.from_config(
+            cfg, paths, source=str(cfg_path), agent=lambda store: AgentLoop(cfg, manager=manager, store=store, source=str(cfg_path))
+        )
         control = ControlServer(paths.control_socket, manager, stop.set, chat=messaging.cli)
         await control.start()
         logger.info("clawsup supervisor pid {} on {} ({} plugin(s))", os.getpid(), paths.root, len(plans))

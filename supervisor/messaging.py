@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any
 
 from supervisor.bus import MessageBus
@@ -34,7 +35,11 @@ class Messaging:
         return self.channels.get("cli")
 
     @classmethod
-    def from_config(cls, cfg: ClawsupConfig, paths: StatePaths, *, source: str, agent: Agent | None = None) -> Messaging:
+    def from_config(
+        cls, cfg: ClawsupConfig, paths: StatePaths, *, source: str, agent: Callable[[SessionStore], Agent] | None = None
+    ) -> Messaging:
+        """`agent` makes the agent that runs turns, given the session store (the
+        gateway's is the agent loop); by default the placeholder."""
         bus = MessageBus(cfg.bus.inbound_capacity, cfg.bus.outbound_capacity)
         store = SessionStore(paths.sessions, fsync=cfg.session_store.fsync, interval_s=cfg.session_store.fsync_interval_ms / 1000)
         os.chmod(paths.sessions, 0o700)
@@ -47,7 +52,9 @@ class Messaging:
             if len(token) < 16:
                 raise ConfigError(source, [f"channels.http.tokenEnv: ${h.token_env} is unset or shorter than 16 characters"])
             channels["http"] = HttpChannel(bus, host=h.host, port=h.port, token=token, account_id=h.account_id, port_file=paths.run / "http.port")
-        dispatcher = Dispatcher(bus=bus, router=Router(cfg), store=store, agent=agent or PlaceholderAgent(), channels=channels, session_queue=cfg.bus.session_queue)
+        dispatcher = Dispatcher(
+            bus=bus, router=Router(cfg), store=store, agent=agent(store) if agent else PlaceholderAgent(), channels=channels, session_queue=cfg.bus.session_queue
+        )
         return cls(bus=bus, dispatcher=dispatcher, store=store, channels=channels)
 
     async def run(self, stop: asyncio.Event, up: asyncio.Event) -> None:

@@ -1,0 +1,61 @@
+"""Model providers behind one small interface. The agent loop speaks a neutral message
+shape; each provider translates it to its wire format with the provider's own SDK
+(no framework between the loop and the SDKs).
+
+Neutral messages:
+  {"role": "user", "text": ...}
+  {"role": "assistant", "text": ..., "toolCalls": [{"id", "name", "args"}]}
+  {"role": "tool", "toolCallId", "name", "content", "isError"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from supervisor.errors import ClawsupError
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    schema: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    args: dict[str, Any]
+
+
+@dataclass
+class ModelReply:
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnContext:
+    agent_id: str
+    session_key: str
+    system: str
+    notify: TextSink | None = None
+    """A progress note for the user while the model works (not part of the answer)."""
+
+
+TextSink = Callable[[str], Awaitable[None]]
+
+
+class ProviderError(ClawsupError):
+    """The model provider failed after its retries; the message says how."""
+
+    code = "provider_error"
+
+
+class Provider(Protocol):
+    name: str
+
+    async def complete(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply: ...

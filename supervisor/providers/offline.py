@@ -1,0 +1,66 @@
+"""The `offline` provider: no key, no network, deterministic. It follows explicit
+instructions (`/tool NAME {json}` calls that tool, `/sleep N` takes N seconds) and
+otherwise answers briefly, naming the agent, the session and the tools it could call. It is what `clawsup start`
+and `clawsup chat` run on a fresh machine, and what the tests drive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from supervisor.providers import ModelReply, TextSink, ToolCall, ToolSpec, TurnContext
+
+NAME = "offline"
+
+
+class OfflineProvider:
+    name = NAME
+
+    async def complete(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply:
+        last = messages[-1] if messages else {"role": "user", "text": ""}
+        if last["role"] == "tool":
+            results = []
+            for m in reversed(messages):
+                if m["role"] != "tool":
+                    break
+                results.insert(0, m)
+            lines = [f"{r['name']} {'failed' if r.get('isError') else 'returned'}: {r['content']}" for r in results]
+            return await _say("\n".join(lines), on_text)
+        if last["role"] == "user" and last.get("warning"):
+            return await _say(f"stopping: {last['text']}", on_text)
+        text = (last.get("text") or "").strip()
+        if text.startswith("/sleep"):
+            # A slow turn on request: to watch per-session order, concurrency and /stop.
+            try:
+                seconds = min(float(text.split()[1]), 3600.0)
+            except (IndexError, ValueError):
+                return await _say("usage: /sleep SECONDS", on_text)
+            if ctx.notify is not None:
+                await ctx.notify(f"working for {seconds:g} s…")
+            await asyncio.sleep(seconds)
+            return await _say(f"[{ctx.agent_id}] slept {seconds:g} s in {ctx.session_key}", on_text)
+        if text.startswith("/tool"):
+            parts = text.split(None, 2)
+            if len(parts) < 2:
+                return await _say("usage: /tool NAME {json arguments}", on_text)
+            try:
+                args = json.loads(parts[2]) if len(parts) > 2 else {}
+            except json.JSONDecodeError as e:
+                return await _say(f"those arguments are not JSON ({e.msg}); usage: /tool NAME {{json}}", on_text)
+            if not isinstance(args, dict):
+                return await _say("the arguments must be a JSON object", on_text)
+            n = sum(1 for m in messages if m["role"] == "assistant" and m.get("toolCalls"))
+            return ModelReply(tool_calls=[ToolCall(id=f"offline-{n + 1}", name=parts[1], args=args)])
+        names = ", ".join(t.name for t in tools) or "none"
+        return await _say(
+            f"[{ctx.agent_id}] received in {ctx.session_key}: {text}\n"
+            f"(offline model; tools this turn: {names}; `/tool NAME {{json}}` calls one, `/sleep N` takes N seconds)",
+            on_text,
+        )
+
+
+async def _say(text: str, on_text: TextSink | None) -> ModelReply:
+    if on_text is not None:
+        await on_text(text)
+    return ModelReply(text=text)
