@@ -25,6 +25,12 @@ Figure (issue 4):
       with fsync `always` (the default) and `never`
       baseline: the bare bus, an inbound and an outbound asyncio.Queue with an echo
       consumer between them, driven the same way
+Figures (issue 5):
+  (h) turn overhead: a full turn through the agent loop with the offline provider and
+      one tool call (`echo`), minus that tool call's own time (measured alone, through
+      SandboxManager.invoke, in the same run)
+  (i) one tool-policy decision (what `clawsup tools explain` computes) over 200 tools
+      with every layer set
 """
 
 from __future__ import annotations
@@ -304,6 +310,83 @@ def print_messages(g: dict[str, Any]) -> None:
             print(f"{n:>10}{fsync:>8}{f['per_s']:>10.0f}{f['latency_ms']['p50']:>9.3f}{f['latency_ms']['p99']:>9.3f}   {b['per_s']:>15.0f}{b['latency_ms']['p50']:>9.3f}{b['latency_ms']['p99']:>9.3f}{f['per_s'] / b['per_s']:>12.3f}x")
 
 
+async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, Any]:
+    """A turn = read the session, policy, offline model, one echo call, model again,
+    store; through AgentLoop.turn as the dispatcher calls it. The echo call alone is
+    measured in interleaved blocks and subtracted (medians)."""
+    from supervisor.agent_loop import AgentLoop
+    from supervisor.bus import InboundMessage, ReplyTarget
+    from supervisor.config import ClawsupConfig
+    from supervisor.routing import Peer, Route, RouteInput
+    from supervisor.session_store import SessionStore
+
+    store = SessionStore(tmp / "bench-sessions", fsync="never")
+    loop = AgentLoop(ClawsupConfig(), manager=manager, store=store)
+    peer = Peer.of("direct", "bench")
+    route = Route(agent_id="main", matched_by="default", session_key="agent:main:bench", main_session_key="agent:main:main", account_id="default")
+
+    async def nothing(_: str) -> None:
+        return None
+
+    async def one_turn(i: int) -> None:
+        msg = InboundMessage(source=RouteInput(channel="cli", peer=peer), text='/tool echo {"text": "x"}', reply_to=ReplyTarget(channel="cli", account_id="default", peer=peer))
+        await store.append(route.session_key, {"role": "user", "id": msg.id, "text": msg.text})
+        out = await loop.turn(route, msg, nothing)
+        assert out == "echo returned: x", out
+        await store.append(route.session_key, {"role": "assistant", "text": out, "inReplyTo": msg.id})
+        if i % 20 == 19:  # keep the history short, as a fresh session's would be
+            store.path(route.session_key).unlink()
+            store.close()
+
+    turns, tool = [], []
+    block = max(n // 10, 1)
+    for _ in range(10):
+        for i in range(block):
+            t0 = time.perf_counter()
+            await manager.invoke("echo", {"text": "x"})
+            tool.append((time.perf_counter() - t0) * 1000)
+        for i in range(block):
+            t0 = time.perf_counter()
+            await one_turn(i)
+            turns.append((time.perf_counter() - t0) * 1000)
+    store.close()
+    t, c = summary(turns), summary(tool)
+    return {"turn": t, "tool_call": c, "overhead_p50": t["p50"] - c["p50"]}
+
+
+def bench_policy(n_tools: int = 200, reps: int = 2000) -> dict[str, Any]:
+    from supervisor.tool_policy import Caller, decide
+
+    available = {"exec": "core", "read": "core", "write": "core", "edit": "core", "list_dir": "core"}
+    for i in range(n_tools - len(available)):
+        available[f"p{i % 20}_tool_{i}"] = f"plugin{i % 20}"
+    cfg = {
+        "profile": "coding", "alsoAllow": ["group:plugins"], "allow": ["*"], "deny": ["p3_*"],
+        "byProvider": {"anthropic": {"deny": ["group:plugin:plugin7"]}},
+        "byChannel": {"http": {"deny": ["p5_tool_*"], "groups": {"g1": {"deny": ["write"]}}}},
+        "bySender": {"http:eve": {"deny": ["exec"]}}, "sandbox": {"tools": {"deny": ["p9_tool_9"]}},
+        "ownerOnly": ["edit"],
+    }  # fmt: skip
+    agent = {"deny": ["p1_*"], "byProvider": {"anthropic": {"deny": ["p2_tool_2"]}}}
+    caller = Caller(agent="main", provider="anthropic/x", channel="http", group_id="g1", sender="eve")
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        d = decide(cfg, agent, caller, available)
+        out.append((time.perf_counter() - t0) * 1000)
+    return {"figure": summary(out), "tools_left": len(d.tools), "tools": n_tools}
+
+
+def print_turn(h: dict[str, Any]) -> None:
+    t, c = h["turn"], h["tool_call"]
+    print(f"(h) turn with one tool call, ms   p50 {t['p50']:.3f}  p99 {t['p99']:.3f};  the tool call alone p50 {c['p50']:.3f}  p99 {c['p99']:.3f};  overhead p50 {h['overhead_p50']:.3f}")
+
+
+def print_policy(i: dict[str, Any]) -> None:
+    f = i["figure"]
+    print(f"(i) policy decision, {i['tools']} tools, every layer set, ms   p50 {f['p50']:.3f}  p99 {f['p99']:.3f}  ({i['tools_left']} left)")
+
+
 def uss(pid: int) -> int:
     return psutil.Process(pid).memory_full_info().uss
 
@@ -316,7 +399,8 @@ async def main() -> None:
     ap.add_argument("--crashes", type=int, default=50)
     ap.add_argument("--execs", type=int, default=500)
     ap.add_argument("--messages", type=int, default=2000, help="per (g) run, spread over the sessions")
-    ap.add_argument("--only", choices=["g"], help="run only this figure")
+    ap.add_argument("--only", choices=["g", "h", "i"], help="run only this figure")
+    ap.add_argument("--turns", type=int, default=500)
     a = ap.parse_args()
     logger.remove()
 
@@ -324,6 +408,11 @@ async def main() -> None:
         results = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "g_messages": await bench_messages(a.messages)}
         Path(a.out).write_text(json.dumps(results, indent=2))
         print_messages(results["g_messages"])
+        return
+    if a.only == "i":
+        results = {"i_policy_200_tools_ms": bench_policy()}
+        Path(a.out).write_text(json.dumps(results, indent=2))
+        print_policy(results["i_policy_200_tools_ms"])
         return
     tmp = Path(tempfile.mkdtemp(prefix="cs-bench-", dir="/tmp"))
     paths = StatePaths(tmp)
@@ -396,6 +485,9 @@ async def main() -> None:
                 "baseline_name": "SIGKILL of an idle bare grpc.aio server to its pidfd readable",
             }
 
+            # (h)
+            results["h_turn_overhead_ms"] = await bench_turn(manager, tmp, a.turns)
+
             # (e), (f)
             for key, backend in (("e_exec_true_process_ms", "process"), ("f_exec_true_bwrap_ms", "bwrap")):
                 if backend not in launchers:
@@ -424,9 +516,12 @@ async def main() -> None:
         warden.close()
 
     results["g_messages"] = await bench_messages(a.messages)
+    results["i_policy_200_tools_ms"] = bench_policy()
     Path(a.out).write_text(json.dumps(results, indent=2))
     print_table(results)
     print_messages(results["g_messages"])
+    print_turn(results["h_turn_overhead_ms"])
+    print_policy(results["i_policy_200_tools_ms"])
     print(f"\nJSON written to {a.out}")
 
 

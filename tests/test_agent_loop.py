@@ -179,3 +179,21 @@ def test_iteration_limit_stops_a_turn(gateway_factory: Any) -> None:
 def test_missing_key_is_a_start_error(gateway_factory: Any, state_dir: Path) -> None:
     with pytest.raises(AssertionError, match="ANTHROPIC_API_KEY"):
         gateway_factory(agent_config("anthropic/claude-x"), env={"ANTHROPIC_API_KEY": ""})
+
+
+def test_tools_of_a_crashed_sandbox_leave_the_next_model_call(gateway_factory: Any) -> None:
+    def script(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        if n == 1:
+            return [{"tool": "chaos_crash", "args": {"how": "abort"}, "id": "toolu_1"}]
+        return [{"text": "the chaos plugin is gone for now"}]
+
+    with Stub(script) as stub:
+        cfg = anthropic_cfg(stub)
+        cfg["plugins"]["entries"]["chaos"] = {"sandbox": {"restart": {"backoffInitialSeconds": 30, "backoffMaxSeconds": 30}}}
+        gw = gateway_factory(cfg, env={"ANTHROPIC_API_KEY": "sk-test"})
+        assert reply(chat(gw, "crash it")) == "the chaos plugin is gone for now"
+        first, second = stub.requests
+        assert "chaos_ok" in {t["name"] for t in first["tools"]}
+        assert not [t["name"] for t in second["tools"] if t["name"].startswith("chaos_")]
+        assert second["messages"][-1]["content"][0]["is_error"] is True
+        assert "echo" in {t["name"] for t in second["tools"]}
