@@ -197,3 +197,14 @@ def test_tools_of_a_crashed_sandbox_leave_the_next_model_call(gateway_factory: A
         assert not [t["name"] for t in second["tools"] if t["name"].startswith("chaos_")]
         assert second["messages"][-1]["content"][0]["is_error"] is True
         assert "echo" in {t["name"] for t in second["tools"]}
+
+
+def test_reading_the_same_file_again_and_again_is_a_loop(gateway_factory: Any) -> None:
+    def script(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        # Different offsets each time, the same file: still going round in circles.
+        return [{"tool": "read", "args": {"path": "notes.txt", "offset": n}, "id": f"toolu_{n}"}]
+
+    with Stub(script) as stub:
+        gw = gateway_factory(anthropic_cfg(stub), env={"ANTHROPIC_API_KEY": "sk-test"})
+        assert reply(chat(gw, "read it")).startswith("stopped: the same tool call kept repeating")
+        assert len(stub.requests) == 6
