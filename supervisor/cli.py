@@ -295,7 +295,7 @@ def exec_check(command: str, config: ConfigOpt = None, as_json: JsonFlag = False
 @exec_app.command("run")
 def exec_run(
     command: Annotated[list[str], typer.Argument(help="The command (after --); several words are joined with spaces.")],
-    backend: Annotated[Optional[str], typer.Option("--backend", help="process or bwrap (default: agents.defaults.sandbox.backend).")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="process, bwrap or docker (default: agents.defaults.sandbox.backend).")] = None,
     workspace: Annotated[Optional[Path], typer.Option("--workspace", help="Run in this folder (default: a fresh empty one).", file_okay=False, exists=True)] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds (default tools.exec.timeoutSeconds).", min=0.001)] = None,
     max_output: Annotated[Optional[int], typer.Option("--max-output", help="Output cap in bytes.", min=2)] = None,
@@ -307,8 +307,8 @@ def exec_run(
     refused, 124 if timed out, 128+N if killed by signal N)."""
     from supervisor.exec_once import run_once
 
-    if backend not in (None, "process", "bwrap"):
-        _fail(f"--backend must be process or bwrap, not {backend!r}", 2)
+    if backend not in (None, "process", "bwrap", "docker"):
+        _fail(f"--backend must be process, bwrap or docker, not {backend!r}", 2)
     cfg, source = _load(config)
     text = " ".join(command)
     from loguru import logger

@@ -138,7 +138,7 @@ class ToolsConfig(_OpenClaw):
         return d
 
 
-WorkspaceBackend = Literal["auto", "process", "bwrap"]
+WorkspaceBackend = Literal["auto", "process", "bwrap", "docker"]
 
 
 class AgentSandboxConfig(_OpenClaw):

@@ -68,6 +68,11 @@ async def run_once(
     if backend is not None:
         if backend == "bwrap" and (problem := bwrap_problem()):
             raise ConfigError("--backend", [problem])
+        if backend == "docker":
+            from sandbox.container import docker_problem
+
+            if problem := docker_problem():
+                raise ConfigError("--backend", [problem])
         settings = replace(settings, backend=backend)
     e = settings.exec
     settings = replace(settings, exec=replace(e, max_output_bytes=max_output or e.max_output_bytes))
@@ -79,7 +84,13 @@ async def run_once(
 
     state = Path(tempfile.mkdtemp(prefix="clawsup-exec-"))
     cgroups = CgroupRoot.create()
-    launcher: Launcher = BwrapLauncher(cgroups) if settings.backend == "bwrap" else ProcessLauncher(cgroups)
+    launcher: Launcher
+    if settings.backend == "docker":
+        from sandbox.container import DockerLauncher
+
+        launcher = DockerLauncher(state)
+    else:
+        launcher = BwrapLauncher(cgroups) if settings.backend == "bwrap" else ProcessLauncher(cgroups)
     manager: SandboxManager | None = None
     try:
         paths = StatePaths(state)

@@ -136,7 +136,7 @@ def _user_policy(run_as: str, process_users: dict[str, ChildUser]) -> Callable[[
     sandboxes created later, one per agent or session)."""
 
     def user_for(plan: SandboxPlan) -> ChildUser | None:
-        if plan.backend == "bwrap":
+        if plan.backend in ("bwrap", "docker"):
             if os.geteuid() != 0 or run_as == "supervisor":
                 return None
             if run_as == "auto":
@@ -181,10 +181,20 @@ async def run_gateway(opts: GatewayOptions) -> int:
         need_bwrap = workspace.backend == "bwrap" or any(p.backend == "bwrap" for p in plans)
         if need_bwrap and (problem := bwrap_problem()):
             raise ConfigError(str(cfg_path), [f"plugin {p.plugin_id!r} asks for the bwrap backend: {problem}" for p in plans if p.backend == "bwrap"])
+        need_docker = workspace.backend == "docker" or any(p.backend == "docker" for p in plans)
+        if need_docker:
+            from sandbox.container import docker_problem
+
+            if problem := docker_problem():
+                raise ConfigError(str(cfg_path), [f"plugin {p.plugin_id!r} asks for the docker backend: {problem}" for p in plans if p.backend == "docker"] or [problem])
         warden = Warden()
         launchers: dict[str, Launcher] = {"process": ProcessLauncher(cgroups, warden)}
         if need_bwrap:
             launchers["bwrap"] = BwrapLauncher(cgroups, warden)
+        if need_docker:
+            from sandbox.container import DockerLauncher
+
+            launchers["docker"] = DockerLauncher(paths.root)
         registry = Registry(reserved=frozenset(CORE_TOOLS))
         register_core_tools(registry)
         manager = SandboxManager(

@@ -16,7 +16,7 @@ from supervisor.errors import ConfigError
 from supervisor.lifecycle import RestartPolicy
 from supervisor.supervised import SandboxPlan
 
-AVAILABLE_BACKENDS = frozenset({"process", "bwrap"})
+AVAILABLE_BACKENDS = frozenset({"process", "bwrap", "docker"})
 
 
 def build_plans(cfg: ClawsupConfig, *, config_source: str, config_dir: Path, extra_plugins: list[Path]) -> list[SandboxPlan]:

@@ -190,6 +190,8 @@ class SupervisedSandbox:
     def status(self) -> dict[str, Any]:
         now = self.lc.clock()
         inc = self.inc if self.lc.state in ALIVE else None
+        usage = getattr(inc.child, "usage", None) if inc else None
+        container = usage() if usage is not None else None
         return {
             "id": self.id,
             "plugin": self.plan.plugin_id,
@@ -199,7 +201,8 @@ class SupervisedSandbox:
             "restarts": self.lc.restarts,
             "restarts_left": self.lc.restarts_left(),
             "uptime_s": round(now - self.lc.started_at, 3) if self.lc.started_at is not None else None,
-            "rss_bytes": inc.child.rss_bytes() if inc else None,
+            "rss_bytes": container.get("memory_bytes") if container else (inc.child.rss_bytes() if inc else None),
+            "container": container,
             "tools": [r.name for r in self._registry.owned_by(self.plan.plugin_id) if r.kind is Kind.TOOL],
             "last_exit": self.lc.last_exit.to_json() if self.lc.last_exit else None,
         }

@@ -215,6 +215,7 @@ class Workspaces:
             if on_output is not None:
                 await on_output(data)
 
+        sb.log.event(f"exec {_short(a.command)}: started")
         r = await sb.exec(
             a.command,
             workdir=a.workdir or "",
@@ -296,6 +297,11 @@ def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSetting
             )
     elif backend == "bwrap" and (problem := bwrap_problem()):
         raise ConfigError(source, [f"agents.defaults.sandbox.backend: {problem}"])
+    elif backend == "docker":
+        from sandbox.container import docker_problem
+
+        if problem := docker_problem():
+            raise ConfigError(source, [f"agents.defaults.sandbox.backend: {problem}"])
     e = cfg.tools.exec
     d = cfg.sandbox.defaults
     return WorkspaceSettings(

@@ -86,6 +86,26 @@ def require_bwrap() -> None:
     pytest.skip(problem)
 
 
+def require_docker() -> None:
+    """The docker backend's tests need an engine and the image; scripts/test.sh sets
+    both up, so under CI a missing one is a failure."""
+    from sandbox.container import docker_problem
+
+    problem = docker_problem()
+    if not problem:
+        return
+    if IN_CI:
+        pytest.fail(f"docker backend unavailable in CI: {problem}")
+    pytest.skip(problem)
+
+
+def require_backend(name: str) -> None:
+    if name == "bwrap":
+        require_bwrap()
+    elif name == "docker":
+        require_docker()
+
+
 def workspace_config(backend: str, **overrides: Any) -> dict[str, Any]:
     """A test config whose default agent has a workspace sandbox on `backend`,
     started with the gateway."""

@@ -45,6 +45,15 @@ def _read_gate(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def _read_gate_file(path: str) -> bytes:
+    """The supervisor writes the file whole and renames it into place before the
+    container starts; we take it and remove it, so the tokens do not stay on disk."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    os.unlink(path)
+    return raw
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m sandbox.host",
@@ -56,16 +65,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--plugin-dir", default="", help="empty for a workspace host")
     p.add_argument("--socket", required=True)
-    p.add_argument("--gate-fd", type=int, required=True)
+    p.add_argument("--gate-fd", type=int, help="read the start gate from this fd")
+    p.add_argument("--gate-file", help="... or from this file, removed once read (containers: no fd crosses into them)")
     p.add_argument("--parent-pid", type=int, required=True)
     p.add_argument("--workdir", help="chdir here once privileges are dropped (bwrap: the workspace is the child's own, 0700)")
     args = p.parse_args(argv)
 
     _die_with_parent(args.parent_pid)
     try:
-        raw = _read_gate(args.gate_fd)
+        if args.gate_file:
+            raw = _read_gate_file(args.gate_file)
+        else:
+            raw = _read_gate(args.gate_fd)
     except OSError as e:
-        print(f"clawsup host: cannot read the start gate on fd {args.gate_fd}: {e}", file=sys.stderr)
+        print(f"clawsup host: cannot read the start gate ({args.gate_file or f'fd {args.gate_fd}'}): {e}", file=sys.stderr)
         os._exit(64)
     if not raw:
         # The supervisor closed the gate without opening it: it decided not to run us.
