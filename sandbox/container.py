@@ -73,6 +73,7 @@ class ContainerChild:
         os.set_blocking(err_r, False)
         self._exit: asyncio.Future[ExitStatus] | None = None
         self._status: ExitStatus | None = None
+        self._oom = False
         self._done = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         threading.Thread(target=self._pump_output, args=(out_w, err_w), daemon=True, name=f"logs {self.container_id}").start()
@@ -102,8 +103,9 @@ class ContainerChild:
         with contextlib.suppress(Exception):
             self.container.reload()
             oom = bool(self.container.attrs["State"].get("OOMKilled"))
+        self._oom = oom
         if oom:
-            status = ExitStatus(signal=9, reason="memory limit (OOMKilled)")
+            status = ExitStatus(signal=9)
         elif code > 128:
             status = ExitStatus(signal=code - 128)
         else:
@@ -118,6 +120,19 @@ class ContainerChild:
     def _resolve(self) -> None:
         if self._exit is not None and not self._exit.done() and self._status is not None:
             self._exit.set_result(self._status)
+
+    def _pids_limit_hit(self) -> bool:
+        """The engine does not say; the container's pids cgroup does (cgroupfs
+        driver, v1 or v2 layouts), where this host can read it."""
+        cid = self.container.id
+        for path in (f"/sys/fs/cgroup/pids/docker/{cid}/pids.events", f"/sys/fs/cgroup/docker/{cid}/pids.events", f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/pids.events"):
+            with contextlib.suppress(OSError, ValueError):
+                with open(path) as f:
+                    for line in f:
+                        key, _, value = line.partition(" ")
+                        if key == "max" and int(value) > 0:
+                            return True
+        return False
 
     def wait(self) -> asyncio.Future[ExitStatus]:
         if self._exit is None:
@@ -140,7 +155,9 @@ class ContainerChild:
             self.container.kill()
 
     def diagnose(self) -> str:
-        return self._status.reason if self._status and self._status.reason else ""
+        if self._oom:
+            return "memory limit"
+        return "process limit reached" if self._pids_limit_hit() else ""
 
     def rss_bytes(self) -> int | None:
         if self.exited:

@@ -225,8 +225,9 @@ class Gateway:
         out = []
         for p in psutil.process_iter(["cmdline"]):
             argv = p.info["cmdline"] or []
-            # The host itself, not a bwrap (or its shell) wrapped around it.
-            if argv[:1] == [sys.executable] and "sandbox.host" in argv and str(self.state) in " ".join(argv):
+            # The host itself, not a bwrap (or its shell) wrapped around it; in a
+            # container it is the image's python3.
+            if argv[:1] in ([sys.executable], ["python3"]) and "sandbox.host" in argv and str(self.state) in " ".join(argv):
                 out.append(p.pid)
         return out
 

@@ -85,10 +85,10 @@ def test_limits_merge_defaults_manifest_then_operator(tmp_path: Path) -> None:
     assert plan.restart.max_restarts == 9 and plan.restart.backoff_initial_s == 0.1
 
 
-def test_unavailable_backend_is_refused(tmp_path: Path) -> None:
+def test_unknown_backend_is_refused(tmp_path: Path) -> None:
     cfg = make_config()
-    cfg["plugins"]["entries"]["basics"] = {"sandbox": {"backend": "docker"}}
-    with pytest.raises(ConfigError, match="backend 'docker' is not available"):
+    cfg["plugins"]["entries"]["basics"] = {"sandbox": {"backend": "vm"}}
+    with pytest.raises(ConfigError, match=r"plugins\.entries\.basics\.sandbox\.backend: Input should be 'process', 'bwrap' or 'docker'"):
         plans_for(cfg, tmp_path)
 
 
