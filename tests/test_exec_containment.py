@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from supervisor.exec_screen import ExecScreen
-from tests.conftest import Gateway, require_bwrap, workspace_config
+from tests.conftest import Gateway, require_backend, require_bwrap, workspace_config
 
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
-PY = sys.executable  # bound read-only into the sandbox at the same path
+PY = "python3"  # on PATH in every sandbox (bwrap binds the interpreter; the image has its own)
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +42,12 @@ def sentinels() -> Iterator[dict[str, Path]]:
     shutil.rmtree(hosttmp, ignore_errors=True)
 
 
-@pytest.fixture
-def gw(module_gateways: Any) -> Gateway:
-    require_bwrap()
-    g: Gateway = module_gateways("bwrap", workspace_config("bwrap", plugins={"load": {"paths": [str(Path(__file__).parent.parent / "plugins" / "basics")]}}), env={"CLAWSUP_TEST_SECRET": SECRET})
+@pytest.fixture(params=["bwrap", "docker"])
+def gw(request: pytest.FixtureRequest, module_gateways: Any) -> Gateway:
+    require_backend(request.param)
+    cfg = workspace_config(request.param, plugins={"load": {"paths": [str(Path(__file__).parent.parent / "plugins" / "basics")]}})
+    g: Gateway = module_gateways(request.param, cfg, env={"CLAWSUP_TEST_SECRET": SECRET})
+    g.backend = request.param  # type: ignore[attr-defined]
     g.wait("workspace-main", "ready")
     if not (g.state / "sentinel.txt").exists():
         (g.state / "sentinel.txt").write_text("keep\n")
@@ -118,6 +120,12 @@ def test_supervisor_secret_and_process_are_invisible(gw: Gateway) -> None:
 
 def test_no_privileges_inside(gw: Gateway) -> None:
     out = gw.exec("id -u; grep -E 'CapEff|CapPrm|NoNewPrivs' /proc/self/status")["output"]
+    if gw.backend == "docker":  # type: ignore[attr-defined]
+        # The engine's own socket is not there to be reached.
+        r = gw.exec("ls -l /var/run/docker.sock /run/docker.sock 2>&1; python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('/var/run/docker.sock')\" 2>&1 | tail -1")
+        assert "No such file" in r["output"], r
+        r = gw.exec("touch /usr/x /etc/x 2>&1; true")
+        assert r["output"].count("Read-only file system") == 2, r
     uid, *caps = out.splitlines()
     if os.geteuid() == 0:
         assert int(uid) != 0, "a root supervisor's sandbox must not run as root"
