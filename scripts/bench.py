@@ -31,6 +31,12 @@ Figures (issue 5):
       SandboxManager.invoke, in the same run)
   (i) one tool-policy decision (what `clawsup tools explain` computes) over 200 tools
       with every layer set
+Figures (issue 6), skipped (and said) without an engine and the image:
+  (j) docker cold start, spawn to ready; floor: `docker run --rm IMAGE /bin/true`
+      through the same SDK
+  (k) a warm tool call into a container, next to the process backend's, interleaved
+  (l) docker kill to registrations reclaimed; floor: kill of a plain container to its
+      wait returning
 """
 
 from __future__ import annotations
@@ -169,7 +175,7 @@ async def bench_kill_floor(tmp: Path, n: int) -> list[float]:
     return out
 
 
-async def bench_crash_reclaim(manager: SandboxManager, n: int) -> list[float]:
+async def bench_crash_reclaim(manager: SandboxManager, n: int, kill: Any = None) -> list[float]:
     sb = manager.sandboxes["basics"]
     reclaimed: dict[str, float] = {}
 
@@ -186,11 +192,80 @@ async def bench_crash_reclaim(manager: SandboxManager, n: int) -> list[float]:
         seq = sb.lc.seq
         reclaimed.clear()
         t0 = time.perf_counter()
-        os.kill(sb.inc.child.pid, signal.SIGKILL)
+        if kill is None:
+            os.kill(sb.inc.child.pid, signal.SIGKILL)
+        else:
+            await asyncio.to_thread(kill, sb.inc.child)
         await sb.wait_state(frozenset({SandboxState.CRASHED, SandboxState.BACKOFF}), 10, after=seq)
         out.append((reclaimed["t"] - t0) * 1000)
         await sb.wait_state(frozenset({SandboxState.READY}), 30)
     sb.lc.listeners.remove(on)
+    return out
+
+
+async def bench_docker(process_manager: SandboxManager, tmp: Path, a: Any) -> dict[str, Any]:
+    from sandbox.container import DockerLauncher, docker_problem
+    from sandbox.image import image_tag
+
+    if problem := docker_problem():
+        return {"skipped": problem}
+    import docker as docker_sdk
+
+    state = tmp / "docker"
+    paths = StatePaths(state)
+    paths.ensure()
+    m = SandboxManager(registry=Registry(), launchers={"docker": DockerLauncher(state)}, paths=paths, timing=Timing(heartbeat_interval_s=2.0), env_allowlist=["PATH", "LANG"])
+    m.add(
+        SandboxPlan(
+            sandbox_id="basics", plugin_id="basics", plugin_dir=ROOT / "plugins" / "basics", plugin_version="1", entry="plugin.py",
+            declared_tools=frozenset({"echo", "now", "calc"}), plugin_config={}, limits=Limits(memory_bytes=256 * MiB),
+            restart=RestartPolicy(max_restarts=10**6, period_s=1, backoff_initial_s=0.0, backoff_max_s=0.0), backend="docker",
+        )
+    )  # fmt: skip
+    client = docker_sdk.from_env()
+    image = image_tag()
+
+    def floor_run() -> float:
+        t0 = time.perf_counter()
+        client.containers.run(image, entrypoint=["/bin/true"], remove=True)
+        return (time.perf_counter() - t0) * 1000
+
+    def floor_kill() -> float:
+        c = client.containers.run(image, entrypoint=["/bin/sleep", "300"], detach=True)
+        t0 = time.perf_counter()
+        c.kill()
+        c.wait()
+        took = (time.perf_counter() - t0) * 1000
+        c.remove(force=True)
+        return took
+
+    out: dict[str, Any] = {}
+    ready, stop = asyncio.Event(), asyncio.Event()
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(m.run(ready, stop, start_timeout=60, stop_timeout=10))
+            await ready.wait()
+            n = max(a.starts // 2, 5)
+            out["j_docker_cold_start_ms"] = {
+                "figure": summary(await bench_cold_start(m, n)),
+                "baseline": summary([await asyncio.to_thread(floor_run) for _ in range(n)]),
+                "baseline_name": "docker run --rm IMAGE /bin/true (SDK)",
+            }
+            calls, base = [], []
+            block = max(a.calls // 10, 1)
+            for _ in range(10):
+                base += await bench_calls(process_manager, block, 20)
+                calls += await bench_calls(m, block, 20)
+            out["k_docker_warm_call_ms"] = {"figure": summary(calls), "baseline": summary(base), "baseline_name": "the same call on the process backend"}
+            out["l_docker_kill_to_reclaimed_ms"] = {
+                "figure": summary(await bench_crash_reclaim(m, max(a.crashes // 2, 5), kill=lambda child: child.container.kill())),
+                "baseline": summary([await asyncio.to_thread(floor_kill) for _ in range(max(a.crashes // 2, 5))]),
+                "baseline_name": "docker kill of a plain container to its wait returning",
+            }
+            stop.set()
+    finally:
+        m.close()
+        client.close()
     return out
 
 
@@ -382,6 +457,16 @@ def print_turn(h: dict[str, Any]) -> None:
     print(f"(h) turn with one tool call, ms   p50 {t['p50']:.3f}  p99 {t['p99']:.3f};  the tool call alone p50 {c['p50']:.3f}  p99 {c['p99']:.3f};  overhead p50 {h['overhead_p50']:.3f}")
 
 
+def print_docker(d: dict[str, Any]) -> None:
+    if "skipped" in d:
+        print(f"(j)-(l) docker: skipped: {d['skipped']}")
+        return
+    for key, label in (("j_docker_cold_start_ms", "(j) docker cold start, ms"), ("k_docker_warm_call_ms", "(k) docker warm tool call, ms"), ("l_docker_kill_to_reclaimed_ms", "(l) docker kill to reclaimed, ms")):
+        f, b = d[key]["figure"], d[key]["baseline"]
+        print(f"{label:<34}{f['p50']:>9.3f}{f['p90']:>9.3f}{f['p99']:>9.3f}   {b['p50']:>8.3f}/{b['p90']:.3f}/{b['p99']:.3f}{'':<6}{f['p50'] / b['p50']:>8.2f}x")
+        print(f"{'':<34}baseline: {d[key]['baseline_name']}")
+
+
 def print_policy(i: dict[str, Any]) -> None:
     f = i["figure"]
     print(f"(i) policy decision, {i['tools']} tools, every layer set, ms   p50 {f['p50']:.3f}  p99 {f['p99']:.3f}  ({i['tools_left']} left)")
@@ -488,6 +573,9 @@ async def main() -> None:
             # (h)
             results["h_turn_overhead_ms"] = await bench_turn(manager, tmp, a.turns)
 
+            # (j), (k), (l)
+            results["docker"] = await bench_docker(manager, tmp, a)
+
             # (e), (f)
             for key, backend in (("e_exec_true_process_ms", "process"), ("f_exec_true_bwrap_ms", "bwrap")):
                 if backend not in launchers:
@@ -522,6 +610,7 @@ async def main() -> None:
     print_messages(results["g_messages"])
     print_turn(results["h_turn_overhead_ms"])
     print_policy(results["i_policy_200_tools_ms"])
+    print_docker(results["docker"])
     print(f"\nJSON written to {a.out}")
 
 

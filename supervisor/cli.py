@@ -101,14 +101,16 @@ def start(
 
 def _print_status(sandboxes: list[dict[str, Any]]) -> None:
     table = Table(title="sandboxes", title_justify="left")
-    for col in ("id", "state", "pid", "restarts", "uptime", "rss", "tools", "last exit"):
+    for col in ("id", "state", "pid / container", "restarts", "uptime", "memory", "tools", "last exit"):
         table.add_column(col)
     for s in sandboxes:
         style = STATE_STYLE.get(s["state"], "")
+        c = s.get("container")
+        where = f"{c['container']} ({c.get('cpu_seconds', 0):.1f}s cpu)" if c else str(s["pid"] or "-")
         table.add_row(
             s["id"],
             f"[{style}]{s['state']}[/{style}]",
-            str(s["pid"] or "-"),
+            where,
             str(s["restarts"]),
             f"{s['uptime_s']:.0f}s" if s["uptime_s"] is not None else "-",
             f"{s['rss_bytes'] / 2**20:.0f} MiB" if s["rss_bytes"] else "-",
@@ -120,7 +122,8 @@ def _print_status(sandboxes: list[dict[str, Any]]) -> None:
 
 @app.command()
 def status(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
-    """Each sandbox: state, pid, restarts, uptime, memory, tools, last exit."""
+    """Each sandbox: state, pid (or container id and CPU time), restarts, uptime,
+    memory, tools, last exit."""
     data = _data_or_fail(_call(state_dir, {"op": "status"}))
     if as_json:
         print(json.dumps(data, indent=2))

@@ -154,8 +154,15 @@ def test_fork_bomb_that_slips_past_the_screen_is_contained(gw: Gateway) -> None:
     else:
         assert resp["error"]["code"] == "sandbox_died", resp
     assert gw.call("echo", {"text": "x"})["ok"]
-    gw.wait("workspace-main", "ready")
-    left = gw.exec("pgrep -fc 'os[.]fork' || true")["output"].strip()
+    # A starved sandbox can also be declared hung a moment after a timed-out call:
+    # ask again once it is back (bounded), and nothing of the bomb may be left.
+    for _ in range(3):
+        gw.wait("workspace-main", "ready")
+        r = gw.call("exec", {"command": "pgrep -fc 'os[.]fork' || true"})
+        if r["ok"] or r["error"]["code"] not in ("sandbox_died", "sandbox_unavailable"):
+            break
+    assert r["ok"], r
+    left = r["data"]["result"]["output"].strip()
     assert left == "0", left
     log = gw.log("workspace-main")
     assert "os.fork()" in log and ("timed out" in log or "killing pid" in log)
