@@ -158,7 +158,8 @@ def test_fork_bomb_that_slips_past_the_screen_is_contained(gw: Gateway) -> None:
     # ask again once it is back (bounded), and nothing of the bomb may be left.
     for _ in range(3):
         gw.wait("workspace-main", "ready")
-        r = gw.call("exec", {"command": "pgrep -fc 'os[.]fork' || true"})
+        # Our own uid only: without a pid namespace (process backend) other tests' bombs show.
+        r = gw.call("exec", {"command": "pgrep -u \"$(id -u)\" -fc 'os[.]fork' || true"})
         if r["ok"] or r["error"]["code"] not in ("sandbox_died", "sandbox_unavailable"):
             break
     assert r["ok"], r

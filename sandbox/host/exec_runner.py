@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 READ_CHUNK = 64 * 1024
 READS_PER_WAKEUP = 16
+FINISH_ROUNDS = 20
 DRAIN_AFTER_EXIT_S = 1.0
 """After the command and its group are gone, how long a pipe may stay open (held by
 something that escaped the group) before we stop reading."""
@@ -201,8 +202,7 @@ class ExecRunner:
             assert status is not None
             proc.returncode = status.si_status if status.si_code == os.CLD_EXITED else -status.si_status
             self._running.discard(proc.pid)
-            if self._busy == 1:
-                self._sweep_orphans()
+            await self._finish_group(proc.pid)
             await io.relay_until(io.eof, DRAIN_AFTER_EXIT_S, emit)
         finally:
             loop.remove_reader(pidfd)
@@ -230,6 +230,26 @@ class ExecRunner:
         result.output_bytes = io.cap.total
         result.duration_s = time.monotonic() - t0
         return result
+
+    async def _finish_group(self, pgid: int) -> None:
+        """Kill what is left of the command: its group, then the orphans reparented
+        to us. A few rounds, yielding between them, because a process that was
+        forking when the group was killed can leave a child that the first kill did
+        not see (a fork bomb does little else)."""
+        for _ in range(FINISH_ROUNDS):
+            alive = True
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                pass
+            orphans = self._busy == 1 and bool(_children_of_self() - self._running)
+            if orphans:
+                self._sweep_orphans()
+            if not alive and not orphans:
+                return
+            await asyncio.sleep(0.005)
 
     def _sweep_orphans(self) -> None:
         """Kill and reap every child of ours that is not a running command: orphans
