@@ -224,7 +224,7 @@ class DockerLauncher:
         tmp = spec.run_dir / ".gate.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(dataclasses.replace(spec.gate, run_as=None, rlimits={"RLIMIT_CORE": 0, "RLIMIT_NOFILE": spec.limits.max_open_files, "RLIMIT_FSIZE": spec.limits.max_file_size_bytes}).encode())
+            f.write(dataclasses.replace(spec.gate, run_as=None, rlimits={"RLIMIT_CORE": 0, "RLIMIT_CPU": spec.limits.cpu_seconds, "RLIMIT_NOFILE": spec.limits.max_open_files, "RLIMIT_FSIZE": spec.limits.max_file_size_bytes}).encode())
         os.chown(tmp, uid, gid)
         os.replace(tmp, gate)
         volumes = {str(spec.workspace): {"bind": WORKSPACE, "mode": "rw"}, str(spec.run_dir): {"bind": str(spec.run_dir), "mode": "rw"}}
@@ -253,7 +253,7 @@ class DockerLauncher:
                 mem_limit=spec.limits.memory_bytes,
                 memswap_limit=spec.limits.memory_bytes,
                 pids_limit=spec.limits.max_processes,
-                nano_cpus=NANO,
+                nano_cpus=int(spec.limits.cpus * NANO),
                 volumes=volumes,
                 environment=env,
                 labels={LABEL: spec.sandbox_id, STATE_LABEL: self._state},

@@ -27,6 +27,7 @@ class Limits:
     max_processes: int = 64
     max_open_files: int = 256
     max_file_size_bytes: int = 64 * MiB
+    cpus: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,9 @@ class SandboxRequest(_Model):
     max_processes: int | None = Field(default=None, ge=8)
     max_open_files: int | None = Field(default=None, ge=32)
     max_file_size_mb: int | None = Field(default=None, ge=1)
+    cpus: float | None = Field(default=None, gt=0, le=64)
+    """CPUs' worth of time the sandbox may use at once (docker; the others have
+    rlimits on CPU seconds only)."""
     network: bool | None = None
     """Whether the plugin needs the network. Without it, backends with a network
     namespace (bwrap) give it none; the process backend cannot take it away."""

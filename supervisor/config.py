@@ -62,6 +62,7 @@ class SandboxDefaults(_Model):
     max_processes: int = Field(default=64, ge=8)
     max_open_files: int = Field(default=256, ge=32)
     max_file_size_mb: int = Field(default=64, ge=1)
+    cpus: float = Field(default=1.0, gt=0, le=64)
     restart: RestartRequest = Field(
         default_factory=lambda: RestartRequest(
             max_restarts=5, period_seconds=60.0, backoff_initial_seconds=0.5, backoff_max_seconds=30.0

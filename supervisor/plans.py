@@ -84,6 +84,7 @@ def _defaults_as_request(cfg: ClawsupConfig) -> SandboxRequest:
         max_processes=d.max_processes,
         max_open_files=d.max_open_files,
         max_file_size_mb=d.max_file_size_mb,
+        cpus=d.cpus,
         restart=d.restart,
     )
 
@@ -115,6 +116,7 @@ def _plan(manifest: Manifest, folder: Path, plugin_config: dict[str, Any], r: Sa
             max_processes=r.max_processes,
             max_open_files=r.max_open_files,
             max_file_size_bytes=r.max_file_size_mb * MiB,
+            cpus=r.cpus or 1.0,
         ),
         restart=RestartPolicy(
             max_restarts=rr.max_restarts if rr.max_restarts is not None else 5,

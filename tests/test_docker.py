@@ -63,9 +63,9 @@ def test_memory_bomb_is_oom_killed_with_the_reason(gateway_factory: Any) -> None
 
 def test_fork_bomb_is_held_by_the_pids_limit(gateway_factory: Any) -> None:
     require_kernel_limits("a fork bomb")
-    gw = gateway_factory(docker_config({"sandbox": {"maxProcesses": 32, "restart": {"backoffInitialSeconds": 30}}}))
+    gw = gateway_factory(docker_config({"sandbox": {"maxProcesses": 32, "cpus": 0.5, "restart": {"backoffInitialSeconds": 30}}}))
     [chaos] = [c for c in containers(gw) if c.labels["clawsup.sandbox"] == "chaos"]
-    assert chaos.attrs["HostConfig"]["PidsLimit"] == 32
+    assert chaos.attrs["HostConfig"]["PidsLimit"] == 32 and chaos.attrs["HostConfig"]["NanoCpus"] == 500_000_000
     resp = gw.call("chaos_forkbomb", timeout=3)
     assert not resp["ok"]
     assert_after_death(gw, resp["error"], why="killing pid")
