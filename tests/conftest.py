@@ -73,37 +73,30 @@ def make_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-def require_bwrap() -> None:
-    """The bwrap backend's tests need bubblewrap and namespaces; CI installs it
-    (.ci/run), so there a missing bwrap is a failure."""
-    from sandbox.bwrap import bwrap_problem
-
-    problem = bwrap_problem()
+def require_backend(name: str) -> None:
+    """The bwrap and docker backends' tests need bubblewrap, or an engine and the
+    image. scripts/test.sh sets them up, so under CI a missing one is a failure,
+    never a skip."""
+    if name == "bwrap":
+        from sandbox.bwrap import bwrap_problem as problem_of
+    elif name == "docker":
+        from sandbox.container import docker_problem as problem_of
+    else:
+        return
+    problem = problem_of()
     if not problem:
         return
     if IN_CI:
-        pytest.fail(f"bwrap backend unavailable in CI: {problem}")
+        pytest.fail(f"{name} backend unavailable in CI: {problem}")
     pytest.skip(problem)
+
+
+def require_bwrap() -> None:
+    require_backend("bwrap")
 
 
 def require_docker() -> None:
-    """The docker backend's tests need an engine and the image; scripts/test.sh sets
-    both up, so under CI a missing one is a failure."""
-    from sandbox.container import docker_problem
-
-    problem = docker_problem()
-    if not problem:
-        return
-    if IN_CI:
-        pytest.fail(f"docker backend unavailable in CI: {problem}")
-    pytest.skip(problem)
-
-
-def require_backend(name: str) -> None:
-    if name == "bwrap":
-        require_bwrap()
-    elif name == "docker":
-        require_docker()
+    require_backend("docker")
 
 
 def workspace_config(backend: str, **overrides: Any) -> dict[str, Any]:

@@ -114,8 +114,8 @@ def test_supervisor_secret_and_process_are_invisible(gw: Gateway) -> None:
     assert SECRET not in out and SECRET[:10] not in out.replace(f"grep -rs {SECRET[:10]}", "")
     assert "supervisor.cli" not in out and "warden" not in out
     pids = [int(p) for p in gw.exec("ls /proc | grep -E '^[0-9]+$'")["output"].split()]
-    assert gw.proc.pid not in pids or max(pids) < 50, pids
-    assert max(pids) < 50, "the sandbox sees more than its own few processes"
+    # Its own few processes only (the numbers grow with each command, so count them).
+    assert len(pids) < 10, f"the sandbox sees more than its own few processes: {pids}"
 
 
 def test_no_privileges_inside(gw: Gateway) -> None:
