@@ -15,10 +15,9 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sandbox.bwrap import BwrapLauncher, bwrap_problem
+from sandbox.backends import backend_problem, make_launcher
 from sandbox.cgroup import CgroupRoot
 from sandbox.launcher import Launcher
-from sandbox.process import ProcessLauncher
 from supervisor.config import ClawsupConfig
 from supervisor.errors import ClawsupError, ConfigError
 from supervisor.host_client import ExecResult
@@ -66,13 +65,8 @@ async def run_once(
 ) -> OnceResult:
     settings = settings_from_config(cfg, source=source)
     if backend is not None:
-        if backend == "bwrap" and (problem := bwrap_problem()):
+        if problem := backend_problem(backend):
             raise ConfigError("--backend", [problem])
-        if backend == "docker":
-            from sandbox.container import docker_problem
-
-            if problem := docker_problem():
-                raise ConfigError("--backend", [problem])
         settings = replace(settings, backend=backend)
     e = settings.exec
     settings = replace(settings, exec=replace(e, max_output_bytes=max_output or e.max_output_bytes))
@@ -84,13 +78,7 @@ async def run_once(
 
     state = Path(tempfile.mkdtemp(prefix="clawsup-exec-"))
     cgroups = CgroupRoot.create()
-    launcher: Launcher
-    if settings.backend == "docker":
-        from sandbox.container import DockerLauncher
-
-        launcher = DockerLauncher(state)
-    else:
-        launcher = BwrapLauncher(cgroups) if settings.backend == "bwrap" else ProcessLauncher(cgroups)
+    launcher: Launcher = make_launcher(settings.backend, cgroups=cgroups, state_dir=state)
     manager: SandboxManager | None = None
     try:
         paths = StatePaths(state)

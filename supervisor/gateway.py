@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import pwd
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -21,9 +20,9 @@ from pathlib import Path
 from loguru import logger
 
 from sandbox.cgroup import CgroupRoot
-from sandbox.bwrap import BwrapLauncher, bwrap_problem
+from sandbox.backends import backend_problem, make_launcher
 from sandbox.launcher import ChildUser, Launcher
-from sandbox.process import ProcessLauncher, Warden, child_users_for, sandbox_uids
+from sandbox.process import Warden, child_users_for, named_user, sandbox_uids
 from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, ignored_keys, load_config
 from supervisor.control import ControlServer
 from supervisor.errors import ClawsupError, ConfigError
@@ -141,8 +140,7 @@ def _user_policy(run_as: str, process_users: dict[str, ChildUser]) -> Callable[[
                 return None
             if run_as == "auto":
                 return sandbox_uids([plan.sandbox_id])[plan.sandbox_id]
-            pw = pwd.getpwuid(int(run_as)) if run_as.isdigit() else pwd.getpwnam(run_as)
-            return ChildUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
+            return named_user(run_as)
         if plan.sandbox_id in process_users:
             return process_users[plan.sandbox_id]
         if plan.role == "workspace" and process_users and run_as == "auto":
@@ -178,23 +176,13 @@ async def run_gateway(opts: GatewayOptions) -> int:
             # Probe for the workspace sandboxes too, even if no plugin runs on process.
             process_plans.append(Workspaces(None, workspace).plan_for("workspace"))
         users, sockets = _choose_child_users(s.run_as, paths, process_plans, str(cfg_path))
-        need_bwrap = workspace.backend == "bwrap" or any(p.backend == "bwrap" for p in plans)
-        if need_bwrap and (problem := bwrap_problem()):
-            raise ConfigError(str(cfg_path), [f"plugin {p.plugin_id!r} asks for the bwrap backend: {problem}" for p in plans if p.backend == "bwrap"])
-        need_docker = workspace.backend == "docker" or any(p.backend == "docker" for p in plans)
-        if need_docker:
-            from sandbox.container import docker_problem
-
-            if problem := docker_problem():
-                raise ConfigError(str(cfg_path), [f"plugin {p.plugin_id!r} asks for the docker backend: {problem}" for p in plans if p.backend == "docker"] or [problem])
+        needed = {"process", workspace.backend, *(p.backend for p in plans)}
+        for name in sorted(needed):
+            if problem := backend_problem(name):
+                asked = [f"plugin {p.plugin_id!r} asks for the {name} backend: {problem}" for p in plans if p.backend == name]
+                raise ConfigError(str(cfg_path), asked or [f"the {name} backend: {problem}"])
         warden = Warden()
-        launchers: dict[str, Launcher] = {"process": ProcessLauncher(cgroups, warden)}
-        if need_bwrap:
-            launchers["bwrap"] = BwrapLauncher(cgroups, warden)
-        if need_docker:
-            from sandbox.container import DockerLauncher
-
-            launchers["docker"] = DockerLauncher(paths.root)
+        launchers: dict[str, Launcher] = {name: make_launcher(name, cgroups=cgroups, state_dir=paths.root, warden=warden) for name in sorted(needed)}
         registry = Registry(reserved=frozenset(CORE_TOOLS))
         register_core_tools(registry)
         manager = SandboxManager(

@@ -25,7 +25,7 @@ from typing import Any
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandbox.bwrap import bwrap_problem
+from sandbox.backends import backend_problem
 from sandbox.launcher import Limits, MiB
 from sandbox.manifest import format_validation_error
 from supervisor.config import ClawsupConfig
@@ -287,7 +287,7 @@ def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSetting
     a = cfg.agents.defaults.sandbox
     backend = a.backend
     if backend == "auto":
-        problem = bwrap_problem()
+        problem = backend_problem("bwrap")
         backend = "bwrap" if not problem else "process"
         if problem:
             logger.warning(
@@ -295,13 +295,8 @@ def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSetting
                 "install bubblewrap to contain them",
                 problem,
             )
-    elif backend == "bwrap" and (problem := bwrap_problem()):
+    elif problem := backend_problem(backend):
         raise ConfigError(source, [f"agents.defaults.sandbox.backend: {problem}"])
-    elif backend == "docker":
-        from sandbox.container import docker_problem
-
-        if problem := docker_problem():
-            raise ConfigError(source, [f"agents.defaults.sandbox.backend: {problem}"])
     e = cfg.tools.exec
     d = cfg.sandbox.defaults
     return WorkspaceSettings(

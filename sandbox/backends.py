@@ -1,0 +1,35 @@
+"""Which launch backends work on this machine, and how to make their launchers: the
+one place that knows the backends by name (the gateway, `clawsup exec run` and the
+workspace settings ask here). Supervisor-side code; docker's SDK is imported only
+when docker is asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandbox.bwrap import BwrapLauncher, bwrap_problem
+from sandbox.cgroup import CgroupRoot
+from sandbox.launcher import Launcher
+from sandbox.process import ProcessLauncher, Warden
+
+
+def backend_problem(name: str) -> str:
+    """Empty when `name` can run sandboxes here, else why not."""
+    if name == "bwrap":
+        return bwrap_problem()
+    if name == "docker":
+        from sandbox.container import docker_problem
+
+        return docker_problem()
+    return ""
+
+
+def make_launcher(name: str, *, cgroups: CgroupRoot | None, state_dir: Path, warden: Warden | None = None) -> Launcher:
+    if name == "bwrap":
+        return BwrapLauncher(cgroups, warden)
+    if name == "docker":
+        from sandbox.container import DockerLauncher
+
+        return DockerLauncher(state_dir)
+    return ProcessLauncher(cgroups, warden)
