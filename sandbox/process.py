@@ -114,6 +114,9 @@ class ProcessChild:
         except psutil.Error:
             return None
 
+    def usage(self) -> dict[str, object] | None:
+        return None
+
     def close(self) -> None:
         for f in (self._popen.stdout, self._popen.stderr):
             if f is not None:
@@ -183,6 +186,12 @@ def sandbox_uids(sandbox_ids: list[str]) -> dict[str, ChildUser]:
     return out
 
 
+def named_user(setting: str) -> ChildUser:
+    """`sandbox.runAs` as a user name or uid. Raises KeyError when there is none."""
+    pw = pwd.getpwuid(int(setting)) if setting.isdigit() else pwd.getpwnam(setting)
+    return ChildUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
+
+
 def child_users_for(
     setting: str, sandbox_ids: list[str], plugin_dirs: list[Path], reach: list[Path] | None = None
 ) -> tuple[dict[str, ChildUser], str]:
@@ -207,10 +216,9 @@ def child_users_for(
         who = "their own unprivileged uids"
     else:
         try:
-            pw = pwd.getpwuid(int(setting)) if setting.isdigit() else pwd.getpwnam(setting)
+            one = named_user(setting)
         except (KeyError, ValueError):
             return {}, f"sandbox.runAs: no user {setting!r} on this machine"
-        one = ChildUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
         users = {sid: one for sid in sandbox_ids}
         who = f"{one.name!r} (uid {one.uid})"
     if not users:
