@@ -25,6 +25,7 @@ from loguru import logger
 
 from supervisor.bus import InboundMessage, MessageBus, OutboundMessage
 from supervisor.errors import ClawsupError
+from supervisor.providers.offline import sleep_turn
 from supervisor.routing import Route, Router
 from supervisor.session_store import SessionStore
 
@@ -46,22 +47,15 @@ class Agent(Protocol):
 
 
 class PlaceholderAgent:
-    """Until the agent loop lands: acknowledges each message with the agent id and the
-    session key, so that the path can be followed end to end. `/sleep N` makes a turn
-    that takes N seconds (with a progress note first), to watch per-session order,
-    concurrency and `/stop`."""
+    """Messaging without sandboxes or a model (the gateway uses the agent loop):
+    acknowledges each message with the agent id and the session key, and takes the
+    offline model's `/sleep N`. For the in-process benchmark and tests of the
+    dispatcher itself."""
 
     async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str:
         text = message.text.strip()
-        if text.startswith("/sleep"):
-            try:
-                seconds = min(float(text.split()[1]), 3600.0)
-            except (IndexError, ValueError):
-                return "usage: /sleep SECONDS"
-            await progress(f"working for {seconds:g} s…")
-            await asyncio.sleep(seconds)
-            return f"[{route.agent_id}] slept {seconds:g} s in {route.session_key}"
-        return f"[{route.agent_id}] received in {route.session_key}: {text}"
+        slept = await sleep_turn(text, route.agent_id, route.session_key, progress)
+        return slept if slept is not None else f"[{route.agent_id}] received in {route.session_key}: {text}"
 
 
 @dataclass

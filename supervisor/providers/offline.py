@@ -30,16 +30,9 @@ class OfflineProvider:
         if last["role"] == "user" and last.get("warning"):
             return await _say(f"stopping: {last['text']}", on_text)
         text = (last.get("text") or "").strip()
-        if text.startswith("/sleep"):
-            # A slow turn on request: to watch per-session order, concurrency and /stop.
-            try:
-                seconds = min(float(text.split()[1]), 3600.0)
-            except (IndexError, ValueError):
-                return await _say("usage: /sleep SECONDS", on_text)
-            if ctx.notify is not None:
-                await ctx.notify(f"working for {seconds:g} s…")
-            await asyncio.sleep(seconds)
-            return await _say(f"[{ctx.agent_id}] slept {seconds:g} s in {ctx.session_key}", on_text)
+        slept = await sleep_turn(text, ctx.agent_id, ctx.session_key, ctx.notify)
+        if slept is not None:
+            return await _say(slept, on_text)
         if text.startswith("/tool"):
             parts = text.split(None, 2)
             if len(parts) < 2:
@@ -58,6 +51,21 @@ class OfflineProvider:
             f"(offline model; tools this turn: {names}; `/tool NAME {{json}}` calls one, `/sleep N` takes N seconds)",
             on_text,
         )
+
+
+async def sleep_turn(text: str, agent_id: str, session_key: str, notify: TextSink | None) -> str | None:
+    """`/sleep N`: a slow turn on request, to watch per-session order, concurrency
+    and /stop. The answer, or None when `text` is not that command."""
+    if not text.startswith("/sleep"):
+        return None
+    try:
+        seconds = min(float(text.split()[1]), 3600.0)
+    except (IndexError, ValueError):
+        return "usage: /sleep SECONDS"
+    if notify is not None:
+        await notify(f"working for {seconds:g} s…")
+    await asyncio.sleep(seconds)
+    return f"[{agent_id}] slept {seconds:g} s in {session_key}"
 
 
 async def _say(text: str, on_text: TextSink | None) -> ModelReply:
