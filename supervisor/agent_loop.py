@@ -33,6 +33,7 @@ from supervisor.dispatcher import Progress
 from supervisor.errors import ClawsupError, ConfigError
 from supervisor.providers import ModelReply, Provider, ProviderError, ToolSpec, TurnContext
 from supervisor.providers.offline import OfflineProvider
+from supervisor.registry import Kind
 from supervisor.routing import Route
 from supervisor.session_store import SessionStore
 from supervisor.tool_policy import Caller, Decision, decide
@@ -81,6 +82,8 @@ class AgentLoop:
             if model not in self._providers:
                 self._providers[model] = make_provider(model, cfg, source=source)
         self._owners = {o.strip().lower() for o in cfg.tools.owners}
+        self._policy = cfg.tools.policy()
+        """The policy keys, once: the config is immutable and each model call asks."""
 
     def policy_for(self, route: Route, message: InboundMessage) -> Decision:
         agent = self._agents.get(route.agent_id)
@@ -94,7 +97,7 @@ class AgentLoop:
             owner=message.reply_to.channel in OWNER_CHANNELS or f"{message.reply_to.channel}:{src.peer.id}".lower() in self._owners,
         )
         available = {r.name: r.owner for r in self.manager.registry.tools()}
-        return decide(self.cfg.tools.policy(), agent.tools if agent else None, caller, available)
+        return decide(self._policy, agent.tools if agent else None, caller, available)
 
     async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str:
         agent = self._agents.get(route.agent_id)
@@ -166,7 +169,7 @@ class AgentLoop:
     def _specs(self, decision: Decision) -> list[ToolSpec]:
         out = []
         for name in decision.tools:
-            reg = next((r for r in self.manager.registry.tools() if r.name == name), None)
+            reg = self.manager.registry.get(Kind.TOOL, name)
             if reg is not None:
                 out.append(ToolSpec(name=reg.name, description=reg.description, schema=reg.input_schema))
         return out

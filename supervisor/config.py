@@ -135,8 +135,7 @@ class ToolsConfig(_OpenClaw):
 
     def policy(self) -> dict[str, Any]:
         """The policy keys as OpenClaw spells them, for tool_policy.decide."""
-        d = self.model_dump(by_alias=True, exclude={"exec", "fs"})
-        return d
+        return self.model_dump(by_alias=True, exclude={"exec", "fs"})
 
 
 WorkspaceBackend = Literal["auto", "process", "bwrap", "docker"]
