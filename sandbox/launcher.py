@@ -117,6 +117,11 @@ class Child(Protocol):
 
     def rss_bytes(self) -> int | None: ...
 
+    def usage(self) -> dict[str, object] | None:
+        """What `clawsup status` shows beyond the pid: a container's id, memory and
+        CPU time. None for a plain process."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -190,8 +190,7 @@ class SupervisedSandbox:
     def status(self) -> dict[str, Any]:
         now = self.lc.clock()
         inc = self.inc if self.lc.state in ALIVE else None
-        usage = getattr(inc.child, "usage", None) if inc else None
-        container = usage() if usage is not None else None
+        container = inc.child.usage() if inc else None
         return {
             "id": self.id,
             "plugin": self.plan.plugin_id,
