@@ -89,9 +89,6 @@ class SessionStore:
     def read(self, key: str) -> list[dict[str, Any]]:
         return read_session(self.path(key))
 
-    def keys(self) -> list[str]:
-        return sorted(urllib.parse.unquote(p.name[: -len(".jsonl")]) for p in self.root.glob("*.jsonl"))
-
     def close(self) -> None:
         for fd in self._fds.values():
             with contextlib.suppress(OSError):

@@ -32,8 +32,7 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     are in tests/test_docker.py: several of these assert process-model details, pids
     and PDEATHSIG, that a container does not have.)"""
     require_backend(request.param)
-    monkeypatch.setattr(__import__(__name__), "BACKEND", request.param, raising=False)
-    globals()["BACKEND"] = request.param
+    monkeypatch.setitem(globals(), "BACKEND", request.param)
     return request.param
 
 
