@@ -36,6 +36,7 @@ from supervisor.providers.offline import OfflineProvider
 from supervisor.registry import Kind
 from supervisor.routing import Route
 from supervisor.session_store import SessionStore
+from supervisor.subagents import SPAWN_TOOLS, Origin, Subagents
 from supervisor.tool_policy import Caller, Decision, decide
 
 OWNER_CHANNELS = frozenset({"cli"})
@@ -75,33 +76,49 @@ class AgentLoop:
         self.manager = manager
         self.store = store
         self._agents = {a.id: a for a in cfg.agents.entries}
+        self._source = source
         # Providers are made up front, so that a missing key is a start-up error.
         self._providers: dict[str, Provider] = {}
         for agent_id in cfg.agents.ids():
-            model = model_of(cfg, self._agents.get(agent_id))
-            if model not in self._providers:
-                self._providers[model] = make_provider(model, cfg, source=source)
+            self.provider(self.model_of(agent_id))
+        self.subagents: Subagents | None = None
+        """Set by the gateway: `sessions_spawn` and `subagents` go there."""
         self._owners = {o.strip().lower() for o in cfg.tools.owners}
         self._policy = cfg.tools.policy()
         """The policy keys, once: the config is immutable and each model call asks."""
 
-    def policy_for(self, route: Route, message: InboundMessage) -> Decision:
-        agent = self._agents.get(route.agent_id)
+    def model_of(self, agent_id: str) -> str:
+        return model_of(self.cfg, self._agents.get(agent_id))
+
+    def provider(self, model: str) -> Provider:
+        """The provider of `model`, made once; ConfigError when it cannot be (a
+        missing key), which a subagent spawn naming that model reports."""
+        if model not in self._providers:
+            self._providers[model] = make_provider(model, self.cfg, source=self._source)
+        return self._providers[model]
+
+    async def stop_session(self, session_key: str) -> int:
+        return await self.subagents.stop_session(session_key) if self.subagents is not None else 0
+
+    def caller_of(self, route: Route, message: InboundMessage) -> Caller:
         src = message.source
-        caller = Caller(
+        return Caller(
             agent=route.agent_id,
-            provider=model_of(self.cfg, agent),
+            provider=self.model_of(route.agent_id),
             channel=message.reply_to.channel,
             group_id=src.peer.id if src.peer.kind != "direct" else None,
             sender=src.peer.id if src.peer.kind == "direct" else None,
             owner=message.reply_to.channel in OWNER_CHANNELS or f"{message.reply_to.channel}:{src.peer.id}".lower() in self._owners,
         )
+
+    def policy_for(self, route: Route, message: InboundMessage) -> Decision:
+        agent = self._agents.get(route.agent_id)
+        caller = self.caller_of(route, message)
         available = {r.name: r.owner for r in self.manager.registry.tools()}
         return decide(self._policy, agent.tools if agent else None, caller, available)
 
     async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str:
-        agent = self._agents.get(route.agent_id)
-        provider = self._providers[model_of(self.cfg, agent)]
+        provider = self.provider(self.model_of(route.agent_id))
         ctx = TurnContext(
             agent_id=route.agent_id,
             session_key=route.session_key,
@@ -125,9 +142,10 @@ class AgentLoop:
                 return reply.text or "(the model returned nothing)"
             call_record = {"role": "assistant", "text": reply.text, "toolCalls": [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]}
             messages.append(call_record)
-            await self.store.append(route.session_key, {**call_record, "inReplyTo": message.id, "ts": time.time()})
+            usage = {"in": reply.usage.input_tokens, "out": reply.usage.output_tokens}
+            await self.store.append(route.session_key, {**call_record, "inReplyTo": message.id, "ts": time.time(), "usage": usage})
             for call in reply.tool_calls:
-                result, is_error = await self._run_tool(call.name, call.args, decision, route, progress)
+                result, is_error = await self._run_tool(call.name, call.args, decision, route, message, progress)
                 tool_record = {"role": "tool", "toolCallId": call.id, "name": call.name, "content": result, "isError": is_error}
                 messages.append(tool_record)
                 await self.store.append(route.session_key, {**tool_record, "inReplyTo": message.id, "ts": time.time()})
@@ -143,12 +161,22 @@ class AgentLoop:
                 messages.append({"role": "user", "text": "You are repeating the same tool call with the same result. Change approach or answer with what you have.", "warning": True})
         return f"stopped: the turn reached its limit of {limits.max_iterations} model calls (agentLoop.maxIterations)."
 
-    async def _run_tool(self, name: str, args: dict[str, Any], decision: Decision, route: Route, progress: Progress) -> tuple[str, bool]:
+    async def _run_tool(self, name: str, args: dict[str, Any], decision: Decision, route: Route, message: InboundMessage, progress: Progress) -> tuple[str, bool]:
         if name not in decision.tools:
             why = f"removed by the {decision.removed[name]} layer" if name in decision.removed else "not a registered tool"
             return f"tool {name!r} is not available in this turn ({why})", True
         await progress(f"calling {name}…")
         try:
+            if name in SPAWN_TOOLS and self.subagents is not None:
+                origin = Origin(
+                    session_key=route.session_key,
+                    agent_id=route.agent_id,
+                    caller=self.caller_of(route, message),
+                    allowed=frozenset(decision.tools),
+                    message=message,
+                    route=route,
+                )
+                return await self.subagents.call(name, args, origin), False
             result = await self.manager.invoke(name, args, agent=route.agent_id, session=route.session_key)
         except ClawsupError as e:
             return str(e), True
@@ -185,7 +213,9 @@ class AgentLoop:
                 answers.setdefault(r["inReplyTo"], []).append(r)
         out: list[dict[str, Any]] = []
         for r in records:
-            if r.get("role") != "user":
+            # A turn starts with a user message, or with what the gateway told the
+            # session (a subagent's announce: a system record with an id).
+            if r.get("role") != "user" and not (r.get("role") == "system" and r.get("id")):
                 continue
             out.append({"role": "user", "text": r.get("text", "")})
             if r.get("id") == message.id:

@@ -36,6 +36,11 @@ class InboundMessage:
     reply_to: ReplyTarget
     agent_override: str | None = None
     """Only the operator's own channel (the CLI) may name the agent."""
+    role: str = "user"
+    """`system` for what the gateway itself tells a session (a subagent's announce)."""
+    route: Route | None = None
+    """Set by the gateway for its own messages: the session they belong to, as
+    routed when the work was handed off (routing is not asked again)."""
     id: str = field(default_factory=lambda: f"m-{uuid.uuid4().hex[:16]}")
     """Unique across restarts: a session file outlives the supervisor."""
     accepted: asyncio.Future[Route] = field(default_factory=lambda: asyncio.get_running_loop().create_future())

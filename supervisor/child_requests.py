@@ -1,19 +1,24 @@
 """What a child may ask of the supervisor over its `Connect` stream, and the judge of
-each request. A method not in `ALLOWED` is refused with a reason the plugin sees.
-
-Later layers add methods here (a channel delivering an inbound message, a subagent
-asking the model), each checked against what that sandbox is allowed to do.
+each request. Every child may `log`. A sandbox may be given more (`Requester.services`:
+a subagent run's `model.complete`, `tool.call`, `runs.wait`, see
+supervisor/subagents.py), each answered by code that knows who that sandbox is. Any
+other method is refused with a reason the child sees.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from loguru import logger
+
 from clawsup.v1 import host_pb2 as pb
+from supervisor.errors import ClawsupError
 from supervisor.sandbox_log import SandboxLog
+
+Service = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 LOG_LEVELS = frozenset({"debug", "info", "warning", "error"})
 MAX_LOG_MESSAGE = 8 * 1024
@@ -24,6 +29,9 @@ class Requester:
     sandbox_id: str
     plugin_id: str
     log: SandboxLog
+    services: Mapping[str, Service] = field(default_factory=dict)
+    """Slow methods this sandbox may call, answered concurrently (see
+    `answer_service`); bound to its identity by whoever made the sandbox."""
 
 
 def _log(who: Requester, payload: dict[str, Any]) -> dict[str, Any]:
@@ -41,17 +49,42 @@ ALLOWED: dict[str, Callable[[Requester, dict[str, Any]], dict[str, Any]]] = {"lo
 
 
 def answer(who: Requester, req: pb.HostRequest) -> pb.SupervisorMessage | None:
-    """Handle one request. Returns the reply, or None for fire-and-forget (id 0)."""
+    """Handle one quick request inline. Returns the reply, or None for
+    fire-and-forget (id 0)."""
     handler = ALLOWED.get(req.method)
     try:
         if handler is None:
-            raise PermissionError(f"plugin {who.plugin_id!r} is not allowed to call {req.method!r}; allowed: {sorted(ALLOWED)}")
-        payload = json.loads(req.payload_json) if req.payload_json else {}
-        if not isinstance(payload, dict):
-            raise ValueError("payload must be a JSON object")
-        result = handler(who, payload)
+            allowed = sorted({*ALLOWED, *who.services})
+            raise PermissionError(f"plugin {who.plugin_id!r} is not allowed to call {req.method!r}; allowed: {allowed}")
+        result = handler(who, _payload(req))
         reply = pb.SupervisorReply(id=req.id, ok=True, payload_json=json.dumps(result))
     except (PermissionError, ValueError) as e:
         who.log.event(f"refused request {req.method!r} from the plugin: {e}")
         reply = pb.SupervisorReply(id=req.id, ok=False, error=str(e))
     return pb.SupervisorMessage(reply=reply) if req.id else None
+
+
+async def answer_service(who: Requester, req: pb.HostRequest) -> pb.SupervisorMessage:
+    """Handle one of the sandbox's services (a model call may take a minute). A
+    refusal or a failure is the child's to see; a bug is logged and the child told
+    no more than that."""
+    try:
+        result = await who.services[req.method](_payload(req))
+        reply = pb.SupervisorReply(id=req.id, ok=True, payload_json=json.dumps(result))
+    except (ClawsupError, PermissionError, ValueError) as e:
+        who.log.event(f"refused request {req.method!r}: {e}")
+        reply = pb.SupervisorReply(id=req.id, ok=False, error=str(e))
+    except Exception as e:
+        logger.exception("{}: answering {!r} failed", who.sandbox_id, req.method)
+        reply = pb.SupervisorReply(id=req.id, ok=False, error=f"the supervisor failed to answer {req.method!r} ({type(e).__name__}); see its log")
+    return pb.SupervisorMessage(reply=reply)
+
+
+def _payload(req: pb.HostRequest) -> dict[str, Any]:
+    try:
+        payload = json.loads(req.payload_json) if req.payload_json else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"payload is not JSON: {e.msg}") from None
+    if not isinstance(payload, dict):
+        raise ValueError("payload must be a JSON object")
+    return payload

@@ -15,6 +15,7 @@ from typing import Annotated, Any, NoReturn, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.tree import Tree
 
 from supervisor.control import ControlClient, SupervisorNotRunning
 from supervisor.errors import ClawsupError
@@ -35,6 +36,7 @@ err = Console(stderr=True)
 StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="State directory (default: $CLAWSUP_HOME, else ~/.local/state/clawsup).")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
+RUN_STYLE = {"running": "yellow", "succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim"}
 STATE_STYLE = {"ready": "green", "starting": "yellow", "draining": "yellow", "backoff": "magenta", "crashed": "red", "failed": "bold red", "stopped": "dim"}
 
 
@@ -120,15 +122,40 @@ def _print_status(sandboxes: list[dict[str, Any]]) -> None:
     out.print(table)
 
 
+def _print_runs(sessions: list[dict[str, Any]]) -> None:
+    """Subagent runs as a tree under the session that spawned them."""
+    if not sessions:
+        return
+    tree = Tree("subagent runs", guide_style="dim")
+
+    def add(node: Tree, run: dict[str, Any]) -> None:
+        style = RUN_STYLE.get(run["status"], "")
+        label = (
+            f"[bold]{run['runId']}[/bold] {run['label']!r} [{style}]{run['status']}[/{style}] agent {run['agentId']} · "
+            f"{run['durationS']:.1f} s · tokens {run['tokensIn']} in / {run['tokensOut']} out"
+            + (f" [dim]({run['reason']})[/dim]" if run["reason"] else "")
+        )
+        child = node.add(label, highlight=False)
+        for c in run["children"]:
+            add(child, c)
+
+    for s in sessions:
+        node = tree.add(f"[cyan]{s['session']}[/cyan]")
+        for run in s["runs"]:
+            add(node, run)
+    out.print(tree, highlight=False)
+
+
 @app.command()
 def status(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
     """Each sandbox: state, pid (or container id and CPU time), restarts, uptime,
-    memory, tools, last exit."""
+    memory, tools, last exit; then subagent runs, as a tree under their sessions."""
     data = _data_or_fail(_call(state_dir, {"op": "status"}))
     if as_json:
         print(json.dumps(data, indent=2))
     else:
         _print_status(data["sandboxes"])
+        _print_runs(data.get("runs", []))
 
 
 @tools_app.command("list")

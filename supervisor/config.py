@@ -109,6 +109,15 @@ class ExecToolConfig(_OpenClaw):
     """When set, every simple command must match one of these."""
 
 
+class AgentToAgentConfig(_OpenClaw):
+    """Which other agents a session may hand work to (`sessions_spawn` with an
+    `agentId` that is not its own agent)."""
+
+    enabled: bool = False
+    allow: list[str] = Field(default_factory=list)
+    """Agent ids (globs work; `*` is any)."""
+
+
 class FsToolsConfig(_OpenClaw):
     read_max_bytes: int = Field(default=256 * 1024, ge=1024)
     """The most `read` returns in one call; larger files are read with offset/limit."""
@@ -120,6 +129,7 @@ ToolProfile = Literal["minimal", "coding", "messaging", "full"]
 class ToolsConfig(_OpenClaw):
     exec: ExecToolConfig = Field(default_factory=ExecToolConfig)
     fs: FsToolsConfig = Field(default_factory=FsToolsConfig)
+    agent_to_agent: AgentToAgentConfig = Field(default_factory=AgentToAgentConfig)
     # OpenClaw's tool policy (supervisor/tool_policy.py has the layers and their order).
     profile: ToolProfile | None = None
     allow: list[str] = Field(default_factory=list)
@@ -135,10 +145,15 @@ class ToolsConfig(_OpenClaw):
 
     def policy(self) -> dict[str, Any]:
         """The policy keys as OpenClaw spells them, for tool_policy.decide."""
-        return self.model_dump(by_alias=True, exclude={"exec", "fs"})
+        return self.model_dump(by_alias=True, exclude={"exec", "fs", "agent_to_agent"})
 
 
 WorkspaceBackend = Literal["auto", "process", "bwrap", "docker"]
+
+
+class AgentSandboxOverride(_OpenClaw):
+    backend: WorkspaceBackend | None = None
+    """Where this agent's subagent runs live (default: `agents.defaults.sandbox.backend`)."""
 
 
 class AgentSandboxConfig(_OpenClaw):
@@ -160,8 +175,30 @@ class AgentSandboxConfig(_OpenClaw):
     files stay); the next call starts it again."""
 
 
+class SubagentsConfig(_OpenClaw):
+    """Background runs handed off with `sessions_spawn` (supervisor/subagents.py)."""
+
+    max_spawn_depth: int = Field(default=1, ge=1, le=5)
+    """How deep runs may nest: at 1 a subagent cannot spawn; at 2 its children are
+    leaves."""
+    max_children_per_agent: int = Field(default=5, ge=1, le=50)
+    """Runs one session (or one run) may have going at once."""
+    run_timeout_seconds: float = Field(default=600.0, gt=0, le=86_400)
+    """A run's limit when the spawn does not give `runTimeoutSeconds`."""
+    max_run_timeout_seconds: float = Field(default=3600.0, gt=0, le=86_400)
+    """The most `runTimeoutSeconds` a spawn may ask for."""
+    model: str | dict[str, Any] | None = None
+    """The subagents' model when the spawn names none (default: the target agent's)."""
+    workspace: Literal["inherit", "fresh"] = "inherit"
+    """Where a run's file and exec tools work: the spawning session's workspace
+    sandbox, or a fresh one for the run, removed with it."""
+    start_timeout_seconds: float = Field(default=30.0, gt=0)
+    """For the run's sandbox host to come up (counted in the run's timeout too)."""
+
+
 class AgentDefaults(_OpenClaw):
     sandbox: AgentSandboxConfig = Field(default_factory=AgentSandboxConfig)
+    subagents: SubagentsConfig = Field(default_factory=SubagentsConfig)
     model: str | dict[str, Any] | None = None
     """`offline` (the default), `anthropic/<model>`, or any `provider/model` litellm
     knows; OpenClaw's `{primary: ...}` form works too."""
@@ -179,6 +216,7 @@ class AgentEntry(_OpenClaw):
     model: str | dict[str, Any] | None = None
     tools: dict[str, Any] | None = None
     """This agent's tool policy (allow/deny/profile); applied by the agent loop."""
+    sandbox: AgentSandboxOverride | None = None
 
     @field_validator("id")
     @classmethod

@@ -97,8 +97,17 @@ _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
 class ControlServer:
-    def __init__(self, path: Path, manager: SandboxManager, on_stop: Callable[[], None], chat: CliChannel | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        manager: SandboxManager,
+        on_stop: Callable[[], None],
+        chat: CliChannel | None = None,
+        runs: Callable[[], list[dict[str, Any]]] | None = None,
+    ) -> None:
         self._chat = chat
+        self._runs = runs or (lambda: [])
+        """Subagent runs, as a tree under their parent sessions (supervisor/subagents.py)."""
         self._path = path
         self._manager = manager
         self._on_stop = on_stop
@@ -165,7 +174,7 @@ class ControlServer:
         m = self._manager
         match req:
             case StatusReq():
-                await _send(writer, {"ok": True, "data": {"sandboxes": m.status()}})
+                await _send(writer, {"ok": True, "data": {"sandboxes": m.status(), "runs": self._runs()}})
             case ToolsReq():
                 tools = [{"name": r.name, "owner": r.owner, "sandbox": r.sandbox_id, "description": r.description} for r in m.registry.tools()]
                 await _send(writer, {"ok": True, "data": {"tools": tools}})
@@ -196,6 +205,9 @@ class ControlServer:
                 state = await m.get(sid).wait_state(frozenset(states), timeout)
                 await _send(writer, {"ok": True, "data": {"sandbox": sid, "state": state.value}})
             case LogsReq(sandbox=sid, n=n, follow=follow):
+                if sid not in m.sandboxes and (ended := m.ended_log(sid)) is not None:
+                    await _send(writer, {"ok": True, "data": {"lines": tail_lines(ended, n)}})
+                    return
                 sb = m.get(sid)
                 sb.log.flush()
                 q = sb.log.subscribe() if follow else None

@@ -41,9 +41,14 @@ Progress = Callable[[str], Awaitable[None]]
 
 
 class Agent(Protocol):
-    """What runs a turn. The agent loop (issue 5) replaces the placeholder."""
+    """What runs a turn: the agent loop, or the placeholder."""
 
     async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str: ...
+
+    async def stop_session(self, session_key: str) -> int:
+        """`/stop`: cancel the background work this session started (subagent
+        runs); returns how many were running."""
+        ...
 
 
 class PlaceholderAgent:
@@ -56,6 +61,9 @@ class PlaceholderAgent:
         text = message.text.strip()
         slept = await sleep_turn(text, route.agent_id, route.session_key, progress)
         return slept if slept is not None else f"[{route.agent_id}] received in {route.session_key}: {text}"
+
+    async def stop_session(self, session_key: str) -> int:
+        return 0
 
 
 @dataclass
@@ -105,12 +113,12 @@ class Dispatcher:
         while True:
             msg = await self.bus.inbound.get()
             try:
-                route = self.router.resolve(msg.source, agent_override=msg.agent_override)
+                route = msg.route or self.router.resolve(msg.source, agent_override=msg.agent_override)
             except Exception as e:  # a router bug must cost this message only
                 logger.exception("routing failed for {}", msg.id)
                 _fail(msg, ClawsupError(f"routing failed: {e}"))
                 continue
-            if msg.text.strip() == STOP_COMMAND:
+            if msg.role == "user" and msg.text.strip() == STOP_COMMAND:
                 await self._stop(msg, route)
                 continue
             lane = self._lane(route.session_key)
@@ -160,7 +168,7 @@ class Dispatcher:
                         return
                     continue
                 try:
-                    await self.store.append(route.session_key, _record("user", msg, route))
+                    await self.store.append(route.session_key, _record(msg.role, msg, route))
                 except OSError as e:
                     logger.error("{}: cannot write the session: {}", route.session_key, e)
                     _fail(msg, ClawsupError(f"the message could not be stored: {e}"))
@@ -211,12 +219,13 @@ class Dispatcher:
         turn = lane.turn if lane else None
         if not msg.accepted.done():
             msg.accepted.set_result(route)
-        if turn is None or turn.done():
-            await self._send(msg, route, "nothing to stop.", final=True)
-            return
-        turn.cancel()
-        logger.info("{}: turn stopped by /stop", route.session_key)
-        await self._send(msg, route, "stopping the turn in flight.", final=True)
+        runs = await self.agent.stop_session(route.session_key)
+        said = [f"cancelled {runs} subagent run{'s' if runs != 1 else ''} (and what they spawned)"] if runs else []
+        if turn is not None and not turn.done():
+            turn.cancel()
+            logger.info("{}: turn stopped by /stop", route.session_key)
+            said.insert(0, "stopping the turn in flight")
+        await self._send(msg, route, "; ".join(said) + "." if said else "nothing to stop.", final=True)
 
     # -- outbound --------------------------------------------------------------
 

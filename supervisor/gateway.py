@@ -33,6 +33,7 @@ from supervisor.messaging import Messaging
 from supervisor.paths import StatePaths
 from supervisor.plans import build_plans
 from supervisor.registry import Registry
+from supervisor.subagents import SPAWN_TOOLS, Subagents, register_spawn_tools, run_backends
 from supervisor.supervised import SandboxPlan, Timing
 from supervisor.workspaces import CORE_TOOLS, Workspaces, register_core_tools, settings_from_config
 
@@ -143,10 +144,11 @@ def _user_policy(run_as: str, process_users: dict[str, ChildUser]) -> Callable[[
             return named_user(run_as)
         if plan.sandbox_id in process_users:
             return process_users[plan.sandbox_id]
-        if plan.role == "workspace" and process_users and run_as == "auto":
-            # Own uids work here (the probe said so): one for each workspace sandbox.
+        if plan.role in ("workspace", "subagent") and process_users and run_as == "auto":
+            # Own uids work here (the probe said so): one for each workspace sandbox
+            # and subagent run.
             return sandbox_uids([plan.sandbox_id])[plan.sandbox_id]
-        if plan.role == "workspace" and process_users:
+        if plan.role in ("workspace", "subagent") and process_users:
             return next(iter(process_users.values()))
         return None
 
@@ -176,15 +178,17 @@ async def run_gateway(opts: GatewayOptions) -> int:
             # Probe for the workspace sandboxes too, even if no plugin runs on process.
             process_plans.append(Workspaces(None, workspace).plan_for("workspace"))
         users, sockets = _choose_child_users(s.run_as, paths, process_plans, str(cfg_path))
-        needed = {"process", workspace.backend, *(p.backend for p in plans)}
+        run_backend = run_backends(cfg, source=str(cfg_path))
+        needed = {"process", workspace.backend, *run_backend.values(), *(p.backend for p in plans)}
         for name in sorted(needed):
             if problem := backend_problem(name):
                 asked = [f"plugin {p.plugin_id!r} asks for the {name} backend: {problem}" for p in plans if p.backend == name]
                 raise ConfigError(str(cfg_path), asked or [f"the {name} backend: {problem}"])
         warden = Warden()
         launchers: dict[str, Launcher] = {name: make_launcher(name, cgroups=cgroups, state_dir=paths.root, warden=warden) for name in sorted(needed)}
-        registry = Registry(reserved=frozenset(CORE_TOOLS))
+        registry = Registry(reserved=frozenset({*CORE_TOOLS, *SPAWN_TOOLS}))
         register_core_tools(registry)
+        register_spawn_tools(registry)
         manager = SandboxManager(
             registry=registry,
             launchers=launchers,
@@ -216,7 +220,12 @@ async def run_gateway(opts: GatewayOptions) -> int:
         messaging = Messaging.from_config(
             cfg, paths, source=str(cfg_path), agent=lambda store: AgentLoop(cfg, manager=manager, store=store, source=str(cfg_path))
         )
-        control = ControlServer(paths.control_socket, manager, stop.set, chat=messaging.cli)
+        agent_loop = messaging.dispatcher.agent
+        assert isinstance(agent_loop, AgentLoop)
+        agent_loop.subagents = subagents = Subagents(
+            cfg, manager=manager, store=messaging.store, bus=messaging.bus, provider=agent_loop.provider, model_of=agent_loop.model_of, backends=run_backend
+        )
+        control = ControlServer(paths.control_socket, manager, stop.set, chat=messaging.cli, runs=subagents.tree)
         await control.start()
         logger.info("clawsup supervisor pid {} on {} ({} plugin(s))", os.getpid(), paths.root, len(plans))
         ready = asyncio.Event()
@@ -230,6 +239,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
                     tg.create_task(_stop_idle_workspaces(workspaces, run), name="idle workspaces")
                 channels_up = asyncio.Event()
                 tg.create_task(messaging.run(stop, channels_up), name="messaging")
+                tg.create_task(subagents.run(stop), name="subagent runs")
                 await ready.wait()
                 await channels_up.wait()
                 if opts.on_ready is not None:

@@ -154,6 +154,15 @@ class HostClient:
                     error=r.error,
                 )
 
+    def run_agent(self, run_id: str, task: str, max_iterations: int, timeout: float) -> Any:
+        req = pb.RunAgentRequest(run_id=run_id, task=task, max_iterations=max_iterations)
+        return self._stub.RunAgent(req, timeout=timeout, metadata=self._md)
+
+    async def run_outcome(self, call: Any) -> tuple[str, str]:
+        resp = await call
+        await self._check_host(call)
+        return resp.text, resp.error
+
     async def shutdown(self, reason: str, timeout: float) -> None:
         call = self._stub.Shutdown(pb.ShutdownRequest(reason=reason), timeout=timeout, metadata=self._md)
         await call

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -58,7 +60,7 @@ class SandboxManager:
         """Who a sandbox's children run as (None: as the supervisor); see gateway."""
         self.sandboxes: dict[str, SupervisedSandbox] = {}
         self._logs: list[SandboxLog] = []
-        self._later: list[asyncio.Task[None]] = []
+        self._later: dict[str, asyncio.Task[None]] = {}
 
     def add(self, plan: SandboxPlan, *, workspace: Path | None = None) -> SupervisedSandbox:
         """Add a plugin's sandbox (not started yet). Plugins added first win contested
@@ -84,6 +86,14 @@ class SandboxManager:
         self.sandboxes[plan.sandbox_id] = sb
         return sb
 
+    def ended_log(self, sandbox_id: str) -> Path | None:
+        """The log of a sandbox that was discarded (a finished subagent run's), so
+        `clawsup logs` still finds it; None if there is none."""
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", sandbox_id):
+            return None
+        path = self._paths.sandbox_log(sandbox_id)
+        return path if path.is_file() else None
+
     def get(self, sandbox_id: str) -> SupervisedSandbox:
         try:
             return self.sandboxes[sandbox_id]
@@ -103,7 +113,7 @@ class SandboxManager:
             for t in tasks:
                 t.cancel()
             self._tg = None
-            for t in self._later:
+            for t in self._later.values():
                 t.cancel()
 
     def supervise_later(self, sb: SupervisedSandbox) -> None:
@@ -111,7 +121,32 @@ class SandboxManager:
         first use), under the same task group as the others."""
         if self._tg is None:
             raise SandboxUnavailable(sb.id, sb.plan.plugin_id, "stopped", "the supervisor is not running")
-        self._later.append(self._tg.create_task(self._guard(sb), name=f"supervise {sb.id}"))
+        self._later[sb.id] = self._tg.create_task(self._guard(sb), name=f"supervise {sb.id}")
+
+    async def discard(self, sb: SupervisedSandbox, reason: str, timeout: float, *, polite: bool = True, remove_files: bool = False) -> None:
+        """Stop a sandbox added at run time (a subagent run's) and forget it: its
+        supervision ends, it leaves `status`, its log file stays (`ended_log`).
+        `remove_files`: its workspace and socket folders go too."""
+        try:
+            if sb.lc.state is not S.STOPPED:
+                await sb.stop(reason, timeout, polite=polite)
+        except TimeoutError:
+            logger.error("{}: did not stop within {:g} s; killing everything it started", sb.id, timeout)
+            if sb.inc is not None:
+                sb.inc.child.kill_all()
+        finally:
+            task = self._later.pop(sb.id, None)
+            if task is not None:
+                task.cancel()
+            self.registry.reclaim(sb.plan.plugin_id)
+            if self.sandboxes.get(sb.id) is sb:
+                del self.sandboxes[sb.id]
+            if sb.log in self._logs:
+                self._logs.remove(sb.log)
+            sb.log.close()
+            if remove_files:
+                for d in (sb.workspace_dir.parent, sb.run_dir):
+                    shutil.rmtree(d, ignore_errors=True)
 
     async def _first_start(self, sb: SupervisedSandbox, timeout: float) -> None:
         try:
@@ -146,11 +181,14 @@ class SandboxManager:
         *,
         agent: str | None = None,
         session: str | None = None,
+        workspace: str | None = None,
         on_output: OutputSink | None = None,
     ) -> ToolResult:
-        """The one path every tool call takes: the CLI's today, the agent loop's later.
-        `agent` and `session` say who calls (from the caller's context, never from the
-        model's arguments); they pick the workspace sandbox of the core tools."""
+        """The one path every tool call takes (the CLI's, the agent loop's, a
+        subagent run's). `agent` and `session` say who calls (from the caller's
+        context, never from the model's arguments); they pick the workspace sandbox
+        of the core tools, unless the supervisor names one (`workspace`: a subagent
+        run's own)."""
         reg = self.registry.get(Kind.TOOL, name)
         if reg is None:
             for sb in self.sandboxes.values():
@@ -159,9 +197,11 @@ class SandboxManager:
                     raise SandboxUnavailable(sb.id, sb.plan.plugin_id, sb.lc.state.value, detail)
             raise ToolNotFound(name, [r.name for r in self.registry.tools()])
         if reg.sandbox_id is None:
-            if self.workspaces is None or name not in CORE_TOOLS:
+            if name not in CORE_TOOLS:
+                raise ToolFailed(name, reg.owner, "not_routable", "it acts for a session, so only an agent turn can call it")
+            if self.workspaces is None:
                 raise ToolFailed(name, reg.owner, "not_routable", "this core tool has no sandbox to run in")
-            return await self.workspaces.call(name, args, agent=agent, session=session, timeout=timeout, on_output=on_output)
+            return await self.workspaces.call(name, args, agent=agent, session=session, sandbox_id=workspace, timeout=timeout, on_output=on_output)
         sb = self.sandboxes[reg.sandbox_id]
         args_json = args if isinstance(args, str) else json.dumps(args)
         return await sb.invoke(name, args_json, timeout)

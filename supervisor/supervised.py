@@ -55,6 +55,9 @@ OVERRUN_PROBE_TIMEOUT_S = 0.5
 # exited; this is how long the caller waits for the exit status to name the death.
 DEATH_CONFIRM_S = 2.0
 FAULT_KILL_GRACE_S = 0.5
+# Service requests (a subagent's model and tool calls) one child may have in flight;
+# past this its stream waits, not our memory.
+MAX_SERVICE_REQUESTS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,10 +166,21 @@ class SupervisedSandbox:
         self.lc.listeners.append(self._on_transition)
         self.inc: Incarnation | None = None
         self._incarnations = itertools.count(1)
+        self.services: dict[str, child_requests.Service] = {}
+        """What this sandbox may ask beyond `log` (a subagent run's model and tool
+        calls); set by whoever made it, see supervisor/child_requests.py."""
         self._start_wanted = asyncio.Event()
         self._stop_wanted = False
         self._stop_reason = ""
         self._changed = asyncio.Event()
+
+    @property
+    def workspace_dir(self) -> Path:
+        return self._workspace
+
+    @property
+    def run_dir(self) -> Path:
+        return self._run_dir
 
     # -- state, as others see it ---------------------------------------------------
 
@@ -429,24 +443,45 @@ class SupervisedSandbox:
                 return
 
     async def _serve_stream(self, inc: Incarnation) -> None:
-        """Answers the child's requests for as long as it lives. Replies are written
-        inline: a request is handled in microseconds, and a child that floods us with
-        requests waits on its own stream, not on our memory."""
+        """Answers the child's requests for as long as it lives. Quick ones (`log`)
+        are answered inline; services (a model call) each in a task of this
+        stream's group, at most MAX_SERVICE_REQUESTS at once, so a child that floods
+        us waits on its own stream, not on our memory. The child's death ends the
+        group, and with it every service call it still had running."""
         assert inc.client is not None
-        who = child_requests.Requester(sandbox_id=self.id, plugin_id=self.plan.plugin_id, log=self.log)
+        who = child_requests.Requester(sandbox_id=self.id, plugin_id=self.plan.plugin_id, log=self.log, services=self.services)
         call = inc.client.connect()
+        writing = asyncio.Lock()  # one write at a time on a gRPC stream
+        slots = asyncio.Semaphore(MAX_SERVICE_REQUESTS)
+
+        async def write(reply: Any) -> None:
+            async with writing:
+                await call.write(reply)
+
+        async def serve(req: Any) -> None:
+            try:
+                await write(await child_requests.answer_service(who, req))
+            except grpc.aio.AioRpcError:
+                pass  # the stream is gone with the child; the exit watcher says why
+            finally:
+                slots.release()
+
         try:
             await inc.client.check_stream(call)
-            while (msg := await call.read()) is not grpc.aio.EOF:
-                if msg.HasField("request"):
-                    reply = child_requests.answer(who, msg.request)
-                    if reply is not None:
-                        await call.write(reply)
-        except (grpc.aio.AioRpcError, HostAuthError) as e:
+            async with asyncio.TaskGroup() as tg:
+                while (msg := await call.read()) is not grpc.aio.EOF:
+                    if not msg.HasField("request"):
+                        continue
+                    if msg.request.method in who.services and msg.request.id:
+                        await slots.acquire()
+                        tg.create_task(serve(msg.request), name=f"{self.id} {msg.request.method}")
+                    elif (reply := child_requests.answer(who, msg.request)) is not None:
+                        await write(reply)
+        except* (grpc.aio.AioRpcError, HostAuthError) as eg:
             # The stream ends when the child dies; the exit watcher reports that. A
             # stream that fails while the child lives is worth a line.
             if not inc.died.done():
-                self.log.event(f"child stream closed: {_rpc_text(e)}")
+                self.log.event(f"child stream closed: {_rpc_text(eg.exceptions[0])}")
         finally:
             call.cancel()
 
@@ -479,16 +514,17 @@ class SupervisedSandbox:
         self.log.event(f"still running {grace:g} s after SIGTERM; sending SIGKILL to everything it started")
         inc.child.kill_all()
 
-    async def stop(self, reason: str, timeout: float) -> None:
+    async def stop(self, reason: str, timeout: float, *, polite: bool = True) -> None:
         """Stop this sandbox and keep it stopped: polite Shutdown, then SIGTERM, then
-        SIGKILL. Returns once it is `stopped`."""
+        SIGKILL (`polite=False`: a short SIGTERM grace, then SIGKILL, for a child
+        being killed rather than asked). Returns once it is `stopped`."""
         self._stop_wanted = True
         self._stop_reason = reason
         state = self.lc.state
         if state in (S.STARTING, S.READY):
             self.lc.enter(S.DRAINING, reason)
             if self.inc is not None:  # else the launch in progress sees DRAINING
-                self.kill(self.inc, reason, polite=state is S.READY)
+                self.kill(self.inc, reason, polite=polite and state is S.READY)
         elif state in (S.BACKOFF, S.FAILED):
             if state is S.FAILED:
                 self.lc.enter(S.STOPPED, reason)
@@ -549,6 +585,17 @@ class SupervisedSandbox:
         if result is None:
             raise ToolFailed("exec", self.plan.plugin_id, "transport", "the sandbox ended the stream without a result")
         return result
+
+    async def run_agent(self, run_id: str, task: str, *, max_iterations: int, timeout: float) -> tuple[str, str]:
+        """Runs a subagent's loop in this (subagent) sandbox: (result text, error).
+        Its model and tool calls arrive meanwhile as services on the stream. A death
+        on the way raises SandboxDied."""
+        inc = self._ready_incarnation()
+        assert inc.client is not None
+        call = inc.client.run_agent(run_id, task, max_iterations, timeout)
+        async with self._in_flight(inc, call, "subagent run", timeout):
+            text, error = await inc.client.run_outcome(call)
+        return text, error
 
     @contextlib.asynccontextmanager
     async def _in_flight(self, inc: Incarnation, call: Any, tool: str, limit: float) -> AsyncIterator[None]:

@@ -32,7 +32,7 @@ ALIASES = {"bash": "exec", "apply-patch": "apply_patch"}
 CORE_GROUPS: dict[str, tuple[str, ...]] = {
     "group:fs": ("read", "write", "edit", "apply_patch", "list_dir"),
     "group:runtime": ("exec", "process"),
-    "group:sessions": ("sessions_list", "sessions_history", "sessions_send", "sessions_spawn", "session_status"),
+    "group:sessions": ("sessions_list", "sessions_history", "sessions_send", "sessions_spawn", "subagents", "session_status"),
     "group:messaging": ("message",),
     "group:automation": ("cron", "gateway"),
 }

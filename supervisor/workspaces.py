@@ -166,11 +166,13 @@ class Workspaces:
             workspace_tools={"shell": s.exec.shell, "kill_grace_s": s.exec.kill_grace_s, "read_max_bytes": s.read_max_bytes},
         )
 
-    def sandbox_id(self, agent: str | None, session: str | None) -> str:
-        return workspace_sandbox_id(self.settings.scope, agent or DEFAULT_AGENT, session)
+    def sandbox_id(self, agent: str | None, session: str | None, pinned: str | None = None) -> str:
+        return pinned or workspace_sandbox_id(self.settings.scope, agent or DEFAULT_AGENT, session)
 
-    async def sandbox(self, agent: str | None, session: str | None, start_timeout: float = 30.0) -> SupervisedSandbox:
-        sid = self.sandbox_id(agent, session)
+    async def sandbox(self, agent: str | None, session: str | None, start_timeout: float = 30.0, *, pinned: str | None = None) -> SupervisedSandbox:
+        """The workspace sandbox of this caller (or the one the supervisor `pinned`),
+        started if need be."""
+        sid = self.sandbox_id(agent, session, pinned)
         self._last_used[sid] = asyncio.get_running_loop().time()
         sb = self._manager.sandboxes.get(sid)
         if sb is None:
@@ -183,13 +185,21 @@ class Workspaces:
         return sb
 
     async def call(
-        self, name: str, args: dict[str, Any] | str, *, agent: str | None, session: str | None, timeout: float | None, on_output: OutputSink | None
+        self,
+        name: str,
+        args: dict[str, Any] | str,
+        *,
+        agent: str | None,
+        session: str | None,
+        timeout: float | None,
+        on_output: OutputSink | None,
+        sandbox_id: str | None = None,
     ) -> ToolResult:
         tool = CORE_TOOLS[name]
         parsed = _parse_args(tool, args)
         if isinstance(parsed, ExecArgs):
-            return await self._exec(parsed, agent=agent, session=session, on_output=on_output)
-        sb = await self.sandbox(agent, session)
+            return await self._exec(parsed, agent=agent, session=session, pinned=sandbox_id, on_output=on_output)
+        sb = await self.sandbox(agent, session, pinned=sandbox_id)
         return await sb.invoke(name, parsed.model_dump_json(exclude_none=True), timeout)
 
     def screen(self, command: str, sandbox_id: str) -> None:
@@ -202,12 +212,12 @@ class Workspaces:
                 sb.log.event(f"exec {_short(command)}: refused by rule {verdict.rule!r} ({verdict.segment!r}); nothing ran")
             raise ExecBlocked(verdict.rule, verdict.segment, verdict.explain())
 
-    async def _exec(self, a: ExecArgs, *, agent: str | None, session: str | None, on_output: OutputSink | None) -> ToolResult:
+    async def _exec(self, a: ExecArgs, *, agent: str | None, session: str | None, pinned: str | None, on_output: OutputSink | None) -> ToolResult:
         e = self.settings.exec
         if a.timeout is not None and a.timeout > e.max_timeout_s:
             raise BadToolArguments("exec", f"timeout: at most {e.max_timeout_s:g} seconds, got {a.timeout:g}")
-        self.screen(a.command, self.sandbox_id(agent, session))
-        sb = await self.sandbox(agent, session)
+        self.screen(a.command, self.sandbox_id(agent, session, pinned))
+        sb = await self.sandbox(agent, session, pinned=pinned)
         chunks: list[bytes] = []
 
         async def sink(data: bytes) -> None:
@@ -285,18 +295,7 @@ def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSetting
     bwrap where bwrap works, else process (with a warning, since the process backend
     is no security boundary)."""
     a = cfg.agents.defaults.sandbox
-    backend = a.backend
-    if backend == "auto":
-        problem = backend_problem("bwrap")
-        backend = "bwrap" if not problem else "process"
-        if problem:
-            logger.warning(
-                "exec and file tools run under the process backend, which is NOT a security boundary ({}); "
-                "install bubblewrap to contain them",
-                problem,
-            )
-    elif problem := backend_problem(backend):
-        raise ConfigError(source, [f"agents.defaults.sandbox.backend: {problem}"])
+    backend = resolve_backend(a.backend, "agents.defaults.sandbox.backend", "exec and file tools", source=source)
     e = cfg.tools.exec
     d = cfg.sandbox.defaults
     return WorkspaceSettings(
@@ -327,6 +326,20 @@ def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSetting
         read_max_bytes=cfg.tools.fs.read_max_bytes,
         idle_stop_s=a.idle_stop_seconds,
     )
+
+
+def resolve_backend(backend: str, key: str, what: str, *, source: str) -> str:
+    """`auto` becomes bwrap where bwrap works, else process, with a warning naming
+    `what` runs unconfined; a named backend that cannot work here is a config error."""
+    if backend == "auto":
+        problem = backend_problem("bwrap")
+        if problem:
+            logger.warning("{} run under the process backend, which is NOT a security boundary ({}); install bubblewrap to contain them", what, problem)
+            return "process"
+        return "bwrap"
+    if problem := backend_problem(backend):
+        raise ConfigError(source, [f"{key}: {problem}"])
+    return backend
 
 
 def screen_from_config(cfg: ClawsupConfig) -> ExecScreen:

@@ -30,13 +30,15 @@ class SupervisorLink:
         self._ids = itertools.count(1)
         self.dropped = 0
 
-    async def request(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def request(self, method: str, payload: dict[str, Any], *, timeout: float | None = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+        """`timeout=None` for requests whose length the supervisor bounds (a
+        subagent's model and tool calls, which its run timeout covers)."""
         rid = next(self._ids)
         fut: asyncio.Future[pb.SupervisorReply] = self._loop.create_future()
         self._pending[rid] = fut
         try:
             msg = pb.HostMessage(request=pb.HostRequest(id=rid, method=method, payload_json=json.dumps(payload)))
-            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            async with asyncio.timeout(timeout):
                 await self._outbox.put(msg)
                 reply = await fut
         finally:

@@ -21,11 +21,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from clawsup.v1 import host_pb2 as pb
 from clawsup.v1 import host_pb2_grpc as pb_grpc
-from sandbox.api import PluginApi, Tool, ToolError
+from sandbox.api import PluginApi, SupervisorRefused, Tool, ToolError
 from sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY, GatePayload, format_handshake
 from sandbox.host.exec_runner import ExecRunner, become_subreaper
 from sandbox.host.files import Workspace
 from sandbox.host.link import SupervisorLink
+from sandbox.host.subagent import run_task
 from sandbox.host.loader import load_plugin
 
 PROTOCOL = "clawsup.v1"
@@ -79,7 +80,9 @@ class HostServicer(pb_grpc.HostServicer):
         stop: asyncio.Event,
         runner: ExecRunner | None = None,
         workspace: Workspace | None = None,
+        role: str = "plugin",
     ) -> None:
+        self._role = role
         self._runner = runner
         self._workspace = workspace
         self._token = supervisor_token
@@ -208,6 +211,20 @@ class HostServicer(pb_grpc.HostServicer):
             )
         )
 
+    async def RunAgent(self, request: pb.RunAgentRequest, context: grpc.aio.ServicerContext) -> pb.RunAgentResponse:
+        await _require_token(context, self._token)
+        if self._role != "subagent":
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"this host serves a {self._role}, not a subagent")
+        context.set_trailing_metadata(self._host_md)
+        print(f"run {request.run_id}: started", file=sys.stderr, flush=True)
+        try:
+            out = await run_task(self._link.request, request.task, max(request.max_iterations, 1))
+        except SupervisorRefused as e:
+            print(f"run {request.run_id}: the supervisor refused: {e}", file=sys.stderr, flush=True)
+            return pb.RunAgentResponse(error=str(e))
+        print(f"run {request.run_id}: finished after {out.model_calls} model call(s){f' ({out.error})' if out.error else ''}", file=sys.stderr, flush=True)
+        return pb.RunAgentResponse(text=out.text, model_calls=out.model_calls, error=out.error)
+
     async def Shutdown(self, request: pb.ShutdownRequest, context: grpc.aio.ServicerContext) -> pb.ShutdownResponse:
         await _require_token(context, self._token)
         context.set_trailing_metadata(self._host_md)
@@ -244,6 +261,9 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
         workspace.register(api)
         runner = ExecRunner(shell=str(w.get("shell", "/bin/sh")), kill_grace_s=float(w.get("kill_grace_s", 2.0)), env=dict(os.environ))
         become_subreaper()
+    elif gate.role == "subagent":
+        # An agent loop (RunAgent) and nothing else: no plugin, no tool of its own.
+        api = PluginApi(plugin_id=gate.plugin_id, config={}, workspace=Path.cwd())
     else:
         api = load_plugin(plugin_dir, gate.plugin_id, gate.entry, gate.plugin_config, Path.cwd())
     api._outbox = link.request
@@ -263,6 +283,7 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
             stop=stop,
             runner=runner,
             workspace=workspace,
+            role=gate.role,
         ),
         server,
     )

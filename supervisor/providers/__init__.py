@@ -32,9 +32,23 @@ class ToolCall:
 
 
 @dataclass
+class Usage:
+    """Tokens of one model call, as the provider counted them."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __iadd__(self, other: Usage) -> Usage:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        return self
+
+
+@dataclass
 class ModelReply:
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import anthropic
 
-from supervisor.providers import ModelReply, ProviderError, TextSink, ToolCall, ToolSpec, TurnContext
+from supervisor.providers import ModelReply, ProviderError, TextSink, ToolCall, ToolSpec, TurnContext, Usage
 
 
 class AnthropicProvider:
@@ -32,7 +32,7 @@ class AnthropicProvider:
             raise ProviderError(f"{self.name}: the API answered {e.status_code}: {_message(e)}") from None
         except anthropic.APIConnectionError as e:
             raise ProviderError(f"{self.name}: cannot reach the API: {e}") from None
-        reply = ModelReply()
+        reply = ModelReply(usage=Usage(final.usage.input_tokens, final.usage.output_tokens))
         for block in final.content:
             if block.type == "text":
                 reply.text += block.text

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from supervisor.providers import ModelReply, ProviderError, TextSink, ToolCall, ToolSpec, TurnContext
+from supervisor.providers import ModelReply, ProviderError, TextSink, ToolCall, ToolSpec, TurnContext, Usage
 
 
 class LiteLLMProvider:
@@ -27,6 +27,8 @@ class LiteLLMProvider:
             "model": self.model,
             "messages": [{"role": "system", "content": ctx.system}, *to_openai(messages)],
             "stream": True,
+            # The last chunk then carries the usage: every token is counted.
+            "stream_options": {"include_usage": True},
             "max_tokens": self.max_tokens,
             "num_retries": self.max_retries,
             "timeout": self.timeout_s,
@@ -42,6 +44,10 @@ class LiteLLMProvider:
         try:
             stream = await litellm.acompletion(**kwargs)
             async for chunk in stream:
+                if (usage := getattr(chunk, "usage", None)) is not None:
+                    reply.usage = Usage(int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0))
+                if not chunk.choices:
+                    continue
                 delta = chunk.choices[0].delta
                 if getattr(delta, "content", None):
                     reply.text += delta.content

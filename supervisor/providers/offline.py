@@ -1,7 +1,10 @@
 """The `offline` provider: no key, no network, deterministic. It follows explicit
 instructions (`/tool NAME {json}` calls that tool, `/sleep N` takes N seconds) and
 otherwise answers briefly, naming the agent, the session and the tools it could call. It is what `clawsup start`
-and `clawsup chat` run on a fresh machine, and what the tests drive."""
+and `clawsup chat` run on a fresh machine, and what the tests drive.
+
+It counts tokens the usual rough way, a token per 4 characters of what it read and
+wrote, so that accounting (a subagent run's statistics line) shows offline too."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import asyncio
 import json
 from typing import Any
 
-from supervisor.providers import ModelReply, TextSink, ToolCall, ToolSpec, TurnContext
+from supervisor.providers import ModelReply, TextSink, ToolCall, ToolSpec, TurnContext, Usage
 
 NAME = "offline"
 
@@ -18,6 +21,13 @@ class OfflineProvider:
     name = NAME
 
     async def complete(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply:
+        reply = await self._answer(ctx, messages, tools, on_text)
+        read = len(ctx.system) + sum(len(json.dumps(m)) for m in messages) + sum(len(t.name) + len(t.description) for t in tools)
+        wrote = len(reply.text) + sum(len(c.name) + len(json.dumps(c.args)) for c in reply.tool_calls)
+        reply.usage = Usage(-(-read // 4), -(-wrote // 4))
+        return reply
+
+    async def _answer(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None) -> ModelReply:
         last = messages[-1] if messages else {"role": "user", "text": ""}
         if last["role"] == "tool":
             results = []

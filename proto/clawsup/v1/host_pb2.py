@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63lawsup/v1/host.proto\x12\nclawsup.v1\"\x11\n\x0f\x44\x65scribeRequest\"H\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\"t\n\x10\x44\x65scribeResponse\x12\x11\n\tplugin_id\x18\x01 \x01(\t\x12\x16\n\x0eplugin_version\x18\x02 \x01(\t\x12#\n\x05tools\x18\x03 \x03(\x0b\x32\x14.clawsup.v1.ToolSpec\x12\x10\n\x08protocol\x18\x04 \x01(\t\"Y\n\x11InvokeToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\r\"s\n\x12InvokeToolResponse\x12\x10\n\x06result\x18\x01 \x01(\tH\x00\x12(\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.clawsup.v1.ToolFailureH\x00\x12\x16\n\x0eresult_is_json\x18\x03 \x01(\x08\x42\t\n\x07outcome\"\xe4\x01\n\x0bToolFailure\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.clawsup.v1.ToolFailure.Kind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\"\x84\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eHANDLER_RAISED\x10\x01\x12\x10\n\x0cUNKNOWN_TOOL\x10\x02\x12\x11\n\rBAD_ARGUMENTS\x10\x03\x12\r\n\tTIMED_OUT\x10\x04\x12\x0e\n\nBAD_RESULT\x10\x05\x12\x0e\n\nTOOL_ERROR\x10\x06\"h\n\x0b\x45xecRequest\x12\x0f\n\x07\x63ommand\x18\x01 \x01(\t\x12\x0f\n\x07workdir\x18\x02 \x01(\t\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x12\n\noutput_cap\x18\x04 \x01(\x04\x12\x0f\n\x07\x63\x61ll_id\x18\x05 \x01(\t\"d\n\tExecEvent\x12\x10\n\x06output\x18\x01 \x01(\x0cH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.clawsup.v1.ExecResultH\x00\x12\x12\n\nhost_token\x18\x03 \x01(\tB\x07\n\x05\x65vent\"\xb1\x01\n\nExecResult\x12\x16\n\texit_code\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06signal\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x12\n\nduration_s\x18\x05 \x01(\x01\x12\x14\n\x0coutput_bytes\x18\x06 \x01(\x04\x12\r\n\x05\x65rror\x18\x07 \x01(\tB\x0c\n\n_exit_codeB\t\n\x07_signal\"!\n\x0fShutdownRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x12\n\x10ShutdownResponse\"A\n\x0bHostMessage\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x17.clawsup.v1.HostRequestH\x00\x42\x06\n\x04\x62ody\"?\n\x0bHostRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x14\n\x0cpayload_json\x18\x03 \x01(\t\"I\n\x11SupervisorMessage\x12,\n\x05reply\x18\x01 \x01(\x0b\x32\x1b.clawsup.v1.SupervisorReplyH\x00\x42\x06\n\x04\x62ody\"N\n\x0fSupervisorReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x14\n\x0cpayload_json\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t2\xe2\x02\n\x04Host\x12\x45\n\x08\x44\x65scribe\x12\x1b.clawsup.v1.DescribeRequest\x1a\x1c.clawsup.v1.DescribeResponse\x12K\n\nInvokeTool\x12\x1d.clawsup.v1.InvokeToolRequest\x1a\x1e.clawsup.v1.InvokeToolResponse\x12\x38\n\x04\x45xec\x12\x17.clawsup.v1.ExecRequest\x1a\x15.clawsup.v1.ExecEvent0\x01\x12\x45\n\x08Shutdown\x12\x1b.clawsup.v1.ShutdownRequest\x1a\x1c.clawsup.v1.ShutdownResponse\x12\x45\n\x07\x43onnect\x12\x1d.clawsup.v1.SupervisorMessage\x1a\x17.clawsup.v1.HostMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63lawsup/v1/host.proto\x12\nclawsup.v1\"\x11\n\x0f\x44\x65scribeRequest\"H\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\"t\n\x10\x44\x65scribeResponse\x12\x11\n\tplugin_id\x18\x01 \x01(\t\x12\x16\n\x0eplugin_version\x18\x02 \x01(\t\x12#\n\x05tools\x18\x03 \x03(\x0b\x32\x14.clawsup.v1.ToolSpec\x12\x10\n\x08protocol\x18\x04 \x01(\t\"Y\n\x11InvokeToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x12\n\ntimeout_ms\x18\x04 \x01(\r\"s\n\x12InvokeToolResponse\x12\x10\n\x06result\x18\x01 \x01(\tH\x00\x12(\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x17.clawsup.v1.ToolFailureH\x00\x12\x16\n\x0eresult_is_json\x18\x03 \x01(\x08\x42\t\n\x07outcome\"\xe4\x01\n\x0bToolFailure\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.clawsup.v1.ToolFailure.Kind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\"\x84\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eHANDLER_RAISED\x10\x01\x12\x10\n\x0cUNKNOWN_TOOL\x10\x02\x12\x11\n\rBAD_ARGUMENTS\x10\x03\x12\r\n\tTIMED_OUT\x10\x04\x12\x0e\n\nBAD_RESULT\x10\x05\x12\x0e\n\nTOOL_ERROR\x10\x06\"h\n\x0b\x45xecRequest\x12\x0f\n\x07\x63ommand\x18\x01 \x01(\t\x12\x0f\n\x07workdir\x18\x02 \x01(\t\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\x12\x12\n\noutput_cap\x18\x04 \x01(\x04\x12\x0f\n\x07\x63\x61ll_id\x18\x05 \x01(\t\"d\n\tExecEvent\x12\x10\n\x06output\x18\x01 \x01(\x0cH\x00\x12(\n\x06result\x18\x02 \x01(\x0b\x32\x16.clawsup.v1.ExecResultH\x00\x12\x12\n\nhost_token\x18\x03 \x01(\tB\x07\n\x05\x65vent\"\xb1\x01\n\nExecResult\x12\x16\n\texit_code\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x06signal\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x11\n\ttimed_out\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x12\n\nduration_s\x18\x05 \x01(\x01\x12\x14\n\x0coutput_bytes\x18\x06 \x01(\x04\x12\r\n\x05\x65rror\x18\x07 \x01(\tB\x0c\n\n_exit_codeB\t\n\x07_signal\"G\n\x0fRunAgentRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x16\n\x0emax_iterations\x18\x03 \x01(\r\"D\n\x10RunAgentResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x13\n\x0bmodel_calls\x18\x02 \x01(\r\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"!\n\x0fShutdownRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x12\n\x10ShutdownResponse\"A\n\x0bHostMessage\x12*\n\x07request\x18\x01 \x01(\x0b\x32\x17.clawsup.v1.HostRequestH\x00\x42\x06\n\x04\x62ody\"?\n\x0bHostRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x14\n\x0cpayload_json\x18\x03 \x01(\t\"I\n\x11SupervisorMessage\x12,\n\x05reply\x18\x01 \x01(\x0b\x32\x1b.clawsup.v1.SupervisorReplyH\x00\x42\x06\n\x04\x62ody\"N\n\x0fSupervisorReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x14\n\x0cpayload_json\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t2\xa9\x03\n\x04Host\x12\x45\n\x08\x44\x65scribe\x12\x1b.clawsup.v1.DescribeRequest\x1a\x1c.clawsup.v1.DescribeResponse\x12K\n\nInvokeTool\x12\x1d.clawsup.v1.InvokeToolRequest\x1a\x1e.clawsup.v1.InvokeToolResponse\x12\x38\n\x04\x45xec\x12\x17.clawsup.v1.ExecRequest\x1a\x15.clawsup.v1.ExecEvent0\x01\x12\x45\n\x08RunAgent\x12\x1b.clawsup.v1.RunAgentRequest\x1a\x1c.clawsup.v1.RunAgentResponse\x12\x45\n\x08Shutdown\x12\x1b.clawsup.v1.ShutdownRequest\x1a\x1c.clawsup.v1.ShutdownResponse\x12\x45\n\x07\x43onnect\x12\x1d.clawsup.v1.SupervisorMessage\x1a\x17.clawsup.v1.HostMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,18 +51,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECEVENT']._serialized_end=893
   _globals['_EXECRESULT']._serialized_start=896
   _globals['_EXECRESULT']._serialized_end=1073
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1075
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1108
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1110
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1128
-  _globals['_HOSTMESSAGE']._serialized_start=1130
-  _globals['_HOSTMESSAGE']._serialized_end=1195
-  _globals['_HOSTREQUEST']._serialized_start=1197
-  _globals['_HOSTREQUEST']._serialized_end=1260
-  _globals['_SUPERVISORMESSAGE']._serialized_start=1262
-  _globals['_SUPERVISORMESSAGE']._serialized_end=1335
-  _globals['_SUPERVISORREPLY']._serialized_start=1337
-  _globals['_SUPERVISORREPLY']._serialized_end=1415
-  _globals['_HOST']._serialized_start=1418
-  _globals['_HOST']._serialized_end=1772
+  _globals['_RUNAGENTREQUEST']._serialized_start=1075
+  _globals['_RUNAGENTREQUEST']._serialized_end=1146
+  _globals['_RUNAGENTRESPONSE']._serialized_start=1148
+  _globals['_RUNAGENTRESPONSE']._serialized_end=1216
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1218
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1251
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=1253
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=1271
+  _globals['_HOSTMESSAGE']._serialized_start=1273
+  _globals['_HOSTMESSAGE']._serialized_end=1338
+  _globals['_HOSTREQUEST']._serialized_start=1340
+  _globals['_HOSTREQUEST']._serialized_end=1403
+  _globals['_SUPERVISORMESSAGE']._serialized_start=1405
+  _globals['_SUPERVISORMESSAGE']._serialized_end=1478
+  _globals['_SUPERVISORREPLY']._serialized_start=1480
+  _globals['_SUPERVISORREPLY']._serialized_end=1558
+  _globals['_HOST']._serialized_start=1561
+  _globals['_HOST']._serialized_end=1986
 # @@protoc_insertion_point(module_scope)

@@ -123,6 +123,26 @@ class ExecResult(_message.Message):
     error: str
     def __init__(self, exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., timed_out: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., output_bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
+class RunAgentRequest(_message.Message):
+    __slots__ = ("run_id", "task", "max_iterations")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    task: str
+    max_iterations: int
+    def __init__(self, run_id: _Optional[str] = ..., task: _Optional[str] = ..., max_iterations: _Optional[int] = ...) -> None: ...
+
+class RunAgentResponse(_message.Message):
+    __slots__ = ("text", "model_calls", "error")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    model_calls: int
+    error: str
+    def __init__(self, text: _Optional[str] = ..., model_calls: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
 class ShutdownRequest(_message.Message):
     __slots__ = ("reason",)
     REASON_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class HostStub:
                 request_serializer=clawsup_dot_v1_dot_host__pb2.ExecRequest.SerializeToString,
                 response_deserializer=clawsup_dot_v1_dot_host__pb2.ExecEvent.FromString,
                 _registered_method=True)
+        self.RunAgent = channel.unary_unary(
+                '/clawsup.v1.Host/RunAgent',
+                request_serializer=clawsup_dot_v1_dot_host__pb2.RunAgentRequest.SerializeToString,
+                response_deserializer=clawsup_dot_v1_dot_host__pb2.RunAgentResponse.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/clawsup.v1.Host/Shutdown',
                 request_serializer=clawsup_dot_v1_dot_host__pb2.ShutdownRequest.SerializeToString,
@@ -92,6 +97,17 @@ class HostServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunAgent(self, request, context):
+        """Runs a subagent's agent loop on one task (subagent hosts only; others answer
+        UNIMPLEMENTED) and returns its final answer. The loop holds no key and no tool:
+        each model call and each tool call goes back to the supervisor on the Connect
+        stream (methods `model.complete`, `tool.call`, `runs.wait`), where the run's
+        identity and policy are known. The supervisor's deadline is the run timeout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Shutdown(self, request, context):
         """Asks the host to stop serving and exit. The supervisor escalates to signals if
         the child has not exited within the grace period.
@@ -127,6 +143,11 @@ def add_HostServicer_to_server(servicer, server):
                     servicer.Exec,
                     request_deserializer=clawsup_dot_v1_dot_host__pb2.ExecRequest.FromString,
                     response_serializer=clawsup_dot_v1_dot_host__pb2.ExecEvent.SerializeToString,
+            ),
+            'RunAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunAgent,
+                    request_deserializer=clawsup_dot_v1_dot_host__pb2.RunAgentRequest.FromString,
+                    response_serializer=clawsup_dot_v1_dot_host__pb2.RunAgentResponse.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -220,6 +241,33 @@ class Host:
             '/clawsup.v1.Host/Exec',
             clawsup_dot_v1_dot_host__pb2.ExecRequest.SerializeToString,
             clawsup_dot_v1_dot_host__pb2.ExecEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clawsup.v1.Host/RunAgent',
+            clawsup_dot_v1_dot_host__pb2.RunAgentRequest.SerializeToString,
+            clawsup_dot_v1_dot_host__pb2.RunAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,
