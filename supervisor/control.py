@@ -29,6 +29,7 @@ from supervisor.channels.cli import CliChannel
 from supervisor.manager import SandboxManager
 from supervisor.routing import Route
 from supervisor.sandbox_log import tail_lines
+from supervisor.subagents import Subagents
 
 MAX_REQUEST = 1024 * 1024
 
@@ -77,6 +78,14 @@ class WaitReq(_Req):
     timeout: float = Field(default=30.0, gt=0, le=3600)
 
 
+class WaitRunReq(_Req):
+    """Until a subagent run has ended and reported; answers with the run."""
+
+    op: Literal["wait_run"]
+    run: str
+    timeout: float = Field(default=30.0, gt=0, le=3600)
+
+
 class StopReq(_Req):
     op: Literal["stop"]
 
@@ -92,7 +101,7 @@ class ChatReq(_Req):
     thread: str | None = None
 
 
-Request = Annotated[StatusReq | ToolsReq | CallReq | LogsReq | RestartReq | WaitReq | StopReq | ChatReq, Field(discriminator="op")]
+Request = Annotated[StatusReq | ToolsReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq, Field(discriminator="op")]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
@@ -103,11 +112,10 @@ class ControlServer:
         manager: SandboxManager,
         on_stop: Callable[[], None],
         chat: CliChannel | None = None,
-        runs: Callable[[], list[dict[str, Any]]] | None = None,
+        subagents: Subagents | None = None,
     ) -> None:
         self._chat = chat
-        self._runs = runs or (lambda: [])
-        """Subagent runs, as a tree under their parent sessions (supervisor/subagents.py)."""
+        self._subagents = subagents
         self._path = path
         self._manager = manager
         self._on_stop = on_stop
@@ -174,7 +182,7 @@ class ControlServer:
         m = self._manager
         match req:
             case StatusReq():
-                await _send(writer, {"ok": True, "data": {"sandboxes": m.status(), "runs": self._runs()}})
+                await _send(writer, {"ok": True, "data": {"sandboxes": m.status(), "runs": self._subagents.tree() if self._subagents else []}})
             case ToolsReq():
                 tools = [{"name": r.name, "owner": r.owner, "sandbox": r.sandbox_id, "description": r.description} for r in m.registry.tools()]
                 await _send(writer, {"ok": True, "data": {"tools": tools}})
@@ -204,6 +212,11 @@ class ControlServer:
             case WaitReq(sandbox=sid, states=states, timeout=timeout):
                 state = await m.get(sid).wait_state(frozenset(states), timeout)
                 await _send(writer, {"ok": True, "data": {"sandbox": sid, "state": state.value}})
+            case WaitRunReq(run=run_id, timeout=timeout):
+                if self._subagents is None:
+                    raise ClawsupError("subagent runs are not served here")
+                run = await self._subagents.wait(run_id, timeout)
+                await _send(writer, {"ok": True, "data": run})
             case LogsReq(sandbox=sid, n=n, follow=follow):
                 if sid not in m.sandboxes and (ended := m.ended_log(sid)) is not None:
                     await _send(writer, {"ok": True, "data": {"lines": tail_lines(ended, n)}})

@@ -225,7 +225,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
         agent_loop.subagents = subagents = Subagents(
             cfg, manager=manager, store=messaging.store, bus=messaging.bus, provider=agent_loop.provider, model_of=agent_loop.model_of, backends=run_backend
         )
-        control = ControlServer(paths.control_socket, manager, stop.set, chat=messaging.cli, runs=subagents.tree)
+        control = ControlServer(paths.control_socket, manager, stop.set, chat=messaging.cli, subagents=subagents)
         await control.start()
         logger.info("clawsup supervisor pid {} on {} ({} plugin(s))", os.getpid(), paths.root, len(plans))
         ready = asyncio.Event()

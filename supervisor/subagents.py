@@ -145,6 +145,8 @@ class Run:
     """Announces of its own children, for its next model call (or runs.wait)."""
     task_handle: asyncio.Task[None] | None = None
     cancel_reason: str = ""
+    reported: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the run has ended, cleaned up and announced."""
 
     @property
     def depth(self) -> int:
@@ -189,6 +191,7 @@ class Run:
             "depth": self.depth,
             "status": self.status,
             "reason": self.reason,
+            "result": self.result[:4000],
             "sandbox": self.sandbox_id,
             "workspace": self.workspace,
             "startedAt": self.started_at,
@@ -347,6 +350,15 @@ class Subagents:
             self._cancel(r, "/stop in its parent session")
         return len(hits)
 
+    async def wait(self, run_id: str, timeout: float) -> dict[str, Any]:
+        """Until the run has ended and reported (for operators and tests)."""
+        run = self.runs.get(run_id)
+        if run is None:
+            raise ClawsupError(f"no subagent run {run_id!r} (known: {', '.join(self.runs) or 'none'})")
+        async with asyncio.timeout(timeout):
+            await run.reported.wait()
+        return run.to_json()
+
     def tree(self) -> list[dict[str, Any]]:
         """For `clawsup status`: each session with runs, and its runs nested."""
         out: dict[str, list[dict[str, Any]]] = {}
@@ -445,7 +457,10 @@ class Subagents:
             await self._store.append(run.child_key, {"role": "system", "text": text, "ts": time.time(), "status": run.status, "tokensIn": run.usage.input_tokens, "tokensOut": run.usage.output_tokens})
         except OSError as e:
             logger.error("{}: cannot write the run's end: {}", run.child_key, e)
-        await self._announce(run, text)
+        try:
+            await self._announce(run, text)
+        finally:
+            run.reported.set()
 
     def _announce_text(self, run: Run) -> str:
         head = f"[subagent run {run.run_id} {run.label!r} {run.status.replace('_', ' ')}] agent {run.agent_id}, session {run.child_key}"

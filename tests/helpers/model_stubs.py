@@ -19,9 +19,13 @@ Script = Callable[[dict[str, Any], int], list[Part]]
 
 
 class Stub:
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, usage: tuple[int, int] = (1, 5)) -> None:
         self.script = script
+        self.usage = usage
+        """(input, output) tokens each Anthropic answer reports."""
         self.requests: list[dict[str, Any]] = []
+        self.api_keys: list[str] = []
+        """The key each request carried (x-api-key or a bearer token)."""
         self.port = 0
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -65,6 +69,8 @@ class Stub:
         return self.script(body, len(self.requests))
 
     async def _anthropic(self, request: web.Request) -> web.StreamResponse:
+        bearer = request.headers.get("Authorization", "")
+        self.api_keys.append(request.headers.get("x-api-key") or bearer.removeprefix("Bearer "))
         body = await request.json()
         parts = self._parts(body)
         if parts and "status" in parts[0]:
@@ -76,7 +82,7 @@ class Stub:
         async def ev(name: str, data: dict[str, Any]) -> None:
             await resp.write(f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode())
 
-        await ev("message_start", {"message": {"id": "msg_stub", "type": "message", "role": "assistant", "model": body["model"], "content": [], "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}})
+        await ev("message_start", {"message": {"id": "msg_stub", "type": "message", "role": "assistant", "model": body["model"], "content": [], "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": self.usage[0], "output_tokens": 1}}})
         stop = "end_turn"
         for i, p in enumerate(parts):
             if "text" in p:
@@ -89,7 +95,7 @@ class Stub:
                 for piece in _pieces(json.dumps(p["args"])):
                     await ev("content_block_delta", {"index": i, "delta": {"type": "input_json_delta", "partial_json": piece}})
             await ev("content_block_stop", {"index": i})
-        await ev("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 5}})
+        await ev("message_delta", {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": self.usage[1]}})
         await ev("message_stop", {})
         await resp.write_eof()
         return resp
