@@ -140,6 +140,10 @@ class ToolsConfig(_OpenClaw):
     by_sender: dict[str, dict[str, Any]] = Field(default_factory=dict)
     owner_only: list[str] = Field(default_factory=list)
     """Tools only an owner may see and call."""
+    sandbox: dict[str, Any] = Field(default_factory=dict)
+    """`sandbox.tools.allow/deny`: the policy's sandbox layer."""
+    subagents: dict[str, Any] = Field(default_factory=dict)
+    """`subagents.tools.allow/deny`: the policy's layer for subagent runs."""
     owners: list[str] = Field(default_factory=list)
     """Owners, as `channel:peerId` (the cli channel's operator always is one)."""
 

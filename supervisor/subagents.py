@@ -411,7 +411,10 @@ class Subagents:
                     sb = self._manager.add(self._plan(run))
                     sb.services.update(self._services(run))
                     self._manager.supervise_later(sb)
-                    state = await sb.start(self.limits.start_timeout_seconds)
+                    try:
+                        state = await sb.start(self.limits.start_timeout_seconds)
+                    except TimeoutError:  # the start's own bound, not the run's
+                        raise ClawsupError(f"its sandbox did not start within {self.limits.start_timeout_seconds:g} s") from None
                     if state is not SandboxState.READY:
                         last = sb.lc.last_exit.describe() if sb.lc.last_exit else state.value
                         raise ClawsupError(f"its sandbox did not start: {last}")

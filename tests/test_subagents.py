@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from supervisor.session_store import file_name, read_session
-from tests.conftest import Gateway, make_config, wait_gone
+from tests.conftest import Gateway, make_config, require_backend, wait_gone
 from tests.helpers.model_stubs import Stub
 
 MAIN = "agent:main:main"
@@ -123,6 +123,41 @@ def test_a_run_works_in_the_background_and_announces_its_result_with_statistics(
     assert logs.returncode == 0 and f"run {run_id}: finished after 2 model call(s)" in logs.stdout
 
 
+@pytest.mark.parametrize("backend", ["process", "bwrap", "docker"])
+def test_a_run_lives_in_a_sandbox_on_its_agents_backend(gateway_factory: Any, backend: str) -> None:
+    require_backend(backend)
+    cfg = config()
+    cfg["agents"]["list"] = [{"id": "main", "default": True, "sandbox": {"backend": backend}}]
+    gw = gateway_factory(cfg)
+    accepted = spawn(gw, task=tool_task("exec", command="echo via-the-supervisor"))
+    run = wait_run(gw, accepted["runId"])
+    assert run["status"] == "succeeded" and "via-the-supervisor" in run["result"], run
+    log = gw.cli("logs", f"subagent-{accepted['runId']}").stdout
+    assert f"(backend {backend})" in log and f"run {accepted['runId']}: finished after 2 model call(s)" in log
+
+
+def test_a_runs_host_has_no_network_under_bwrap(gateway_factory: Any) -> None:
+    require_backend("bwrap")
+    gw = gateway_factory(config())
+    accepted = spawn(gw, task="/sleep 60")
+    pid = host_pid(gw, accepted["runId"])
+    interfaces = [line.split(":")[0].strip() for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]]
+    assert interfaces == ["lo"]
+    chat(gw, "/stop")
+    assert wait_run(gw, accepted["runId"])["status"] == "cancelled"
+
+
+def test_a_fresh_workspace_is_the_runs_own_and_goes_with_it(gateway_factory: Any) -> None:
+    gw = gateway_factory(config(workspace="fresh"))
+    accepted = spawn(gw, task=tool_task("exec", command="pwd; echo mine > only-here.txt; ls"))
+    run = wait_run(gw, accepted["runId"])
+    fresh = f"workspace-run-{accepted['runId']}"
+    assert run["status"] == "succeeded" and run["workspace"] == fresh and "only-here.txt" in run["result"]
+    assert not (gw.workspace("workspace-main") / "only-here.txt").exists()
+    assert fresh not in running_sandboxes(gw) and not (gw.state / "sandboxes" / fresh).exists()
+    assert f"exec 'pwd; echo mine > only-here.txt; ls': exit 0" in gw.cli("logs", fresh).stdout
+
+
 def test_depth_limit_and_each_level_hears_only_its_own_children(gateway_factory: Any) -> None:
     gw = gateway_factory(config(maxSpawnDepth=2))
     leaf_task = tool_task("sessions_spawn", task="/tool sessions_spawn {\"task\": \"too deep\"}", label="leaf")
@@ -180,6 +215,16 @@ def test_children_limit_counts_running_runs_and_stop_frees_them(gateway_factory:
     assert spawn(gw, task="done at once")["status"] == "accepted"
     chat(gw, "/stop", peer="someone-else")
     assert wait_run(gw, other["runId"])["status"] == "cancelled"
+
+
+def test_the_subagent_policy_layer_narrows_a_runs_tools(gateway_factory: Any) -> None:
+    cfg = config()
+    cfg["tools"] = {"subagents": {"tools": {"deny": ["exec"]}}}
+    gw = gateway_factory(cfg)
+    assert gw.exec("echo the-parent-may")["output"] == "the-parent-may\n"
+    run = wait_run(gw, spawn(gw, task=tool_task("exec", command="echo the-child-may-not"))["runId"])
+    assert run["status"] == "succeeded" and "'exec' is not available to this subagent run" in run["result"]
+    assert "the-child-may-not" not in gw.log("workspace-main")
 
 
 def test_agent_to_agent_allow_list(gateway_factory: Any) -> None:
