@@ -7,6 +7,7 @@ operation failed (the error text says why), 2 bad usage, 3 no supervisor running
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 import json
 import sys
 from pathlib import Path
@@ -489,6 +490,7 @@ def tools_explain(
 
     from supervisor.plans import build_plans
     from supervisor.tool_policy import Caller, decide
+    from supervisor.subagents import SPAWN_TOOLS, WITHHELD
     from supervisor.workspaces import CORE_TOOLS
 
     logger.remove()
@@ -498,7 +500,7 @@ def tools_explain(
         plans = build_plans(cfg, config_source=source, config_dir=cfg_dir, extra_plugins=[])
     except ClawsupError as e:
         _fail(str(e), 2)
-    available = {name: "core" for name in CORE_TOOLS}
+    available = {name: "core" for name in (*CORE_TOOLS, *SPAWN_TOOLS)}
     for plan in plans:
         available.update({t: plan.plugin_id for t in plan.declared_tools})
     agent_id = (agent or cfg.agents.default_id()).lower()
@@ -511,6 +513,11 @@ def tools_explain(
         Caller(agent=agent_id, provider=provider or "", channel=channel or "", group_id=group_id, sender=sender, owner=owner, subagent=subagent),
         available,
     )
+    if subagent:
+        # What runs never get from their parent (the spawn tools come back below
+        # agents.defaults.subagents.maxSpawnDepth; this shows a leaf).
+        gone = set(d.tools) & WITHHELD
+        d = replace(d, tools=tuple(t for t in d.tools if t not in gone), removed={**d.removed, **{t: "withheld from subagent runs" for t in gone}})
     for w in d.warnings:
         err.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     if as_json:

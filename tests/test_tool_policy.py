@@ -76,7 +76,10 @@ def test_tools_explain_without_a_gateway(tmp_path) -> None:
     r = run("--agent", "ops", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["tools"] == ["echo", "edit", "list_dir", "read"]
+    # The coding profile's group:sessions brings the spawn tools.
+    assert out["tools"] == ["echo", "edit", "list_dir", "read", "sessions_spawn", "subagents"]
     assert out["removed"] == {"calc": "profile", "now": "profile", "exec": "agent", "write": "owner only"}
     r = run("--agent", "ops", "--owner", "--json")
     assert "write" in json.loads(r.stdout)["tools"]
+    sub = json.loads(run("--agent", "ops", "--subagent", "--json").stdout)
+    assert sub["tools"] == ["echo", "edit", "list_dir", "read"] and sub["removed"]["sessions_spawn"] == "withheld from subagent runs"
