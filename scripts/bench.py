@@ -31,6 +31,13 @@ Figures (issue 5):
       SandboxManager.invoke, in the same run)
   (i) one tool-policy decision (what `clawsup tools explain` computes) over 200 tools
       with every layer set
+Figure (issue 7):
+  (m) a subagent run end to end: sessions_spawn -> its sandbox host up -> RunAgent ->
+      one (offline) model call over the host's stream -> the sandbox stopped -> the
+      announce on the bus; on process, and on bwrap where it works
+      baseline: stopping and starting a workspace sandbox (the same host runtime, no
+      plugin) on the same backend, what any run must pay for a child's whole life;
+      interleaved
 Figures (issue 6), skipped (and said) without an engine and the image:
   (j) docker cold start, spawn to ready; floor: `docker run --rm IMAGE /bin/true`
       through the same SDK
@@ -429,6 +436,51 @@ async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, An
     return {"turn": t, "tool_call": c, "overhead_p50": t["p50"] - c["p50"]}
 
 
+async def bench_subagent(manager: SandboxManager, tmp: Path, n: int, backend: str) -> dict[str, Any]:
+    from supervisor.bus import InboundMessage, MessageBus, ReplyTarget
+    from supervisor.config import ClawsupConfig
+    from supervisor.providers.offline import OfflineProvider
+    from supervisor.routing import Peer, Route, RouteInput
+    from supervisor.session_store import SessionStore
+    from supervisor.subagents import Origin, SpawnArgs, Subagents
+    from supervisor.tool_policy import Caller
+
+    manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
+    store = SessionStore(tmp / f"bench-runs-{backend}", fsync="never")
+    bus = MessageBus()
+    offline = OfflineProvider()
+    subs = Subagents(ClawsupConfig(), manager=manager, store=store, bus=bus, provider=lambda _: offline, model_of=lambda _: "offline", backends={"main": backend})
+    peer = Peer.of("direct", "bench")
+    route = Route(agent_id="main", matched_by="default", session_key="agent:main:bench", main_session_key="agent:main:main", account_id="default")
+    msg = InboundMessage(source=RouteInput(channel="cli", peer=peer), text="spawn", reply_to=ReplyTarget(channel="cli", account_id="default", peer=peer))
+    origin = Origin(session_key=route.session_key, agent_id="main", caller=Caller(agent="main", owner=True), allowed=frozenset(), message=msg, route=route)
+    # The baseline: a host of the same runtime with no plugin either (a workspace
+    # sandbox), stopped and started again.
+    host = await manager.workspaces.sandbox(f"bench-{backend}", None)
+    stop = asyncio.Event()
+    figure, base = [], []
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(subs.run(stop))
+        await asyncio.sleep(0)  # let it open its task group
+        block = max(n // 5, 1)
+        for _ in range(5):
+            for _ in range(block):
+                t0 = time.perf_counter()
+                accepted = await subs.spawn(SpawnArgs(task="hello"), origin)
+                run = await subs.wait(accepted["runId"], 60)
+                figure.append((time.perf_counter() - t0) * 1000)
+                assert run["status"] == "succeeded", run
+                bus.inbound.get_nowait()
+            for _ in range(block):
+                t0 = time.perf_counter()
+                await host.stop("bench", 30)
+                assert await host.start(30) is SandboxState.READY
+                base.append((time.perf_counter() - t0) * 1000)
+        stop.set()
+    store.close()
+    return {"figure": summary(figure), "baseline": summary(base), "baseline_name": f"stop + start of a workspace sandbox (same runtime, no plugin) on {backend}"}
+
+
 def bench_policy(n_tools: int = 200, reps: int = 2000) -> dict[str, Any]:
     from supervisor.tool_policy import Caller, decide
 
@@ -484,8 +536,9 @@ async def main() -> None:
     ap.add_argument("--crashes", type=int, default=50)
     ap.add_argument("--execs", type=int, default=500)
     ap.add_argument("--messages", type=int, default=2000, help="per (g) run, spread over the sessions")
-    ap.add_argument("--only", choices=["g", "h", "i"], help="run only this figure")
+    ap.add_argument("--only", choices=["g", "h", "i", "m"], help="run only this figure")
     ap.add_argument("--turns", type=int, default=500)
+    ap.add_argument("--runs", type=int, default=50, help="subagent runs per backend (m)")
     a = ap.parse_args()
     logger.remove()
 
@@ -537,71 +590,25 @@ async def main() -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(manager.run(ready, stop, start_timeout=60, stop_timeout=10))
             await ready.wait()
-
-            # (a) interleave the two in blocks so that machine noise hits both alike
-            calls, base = [], []
-            block = max(a.calls // 10, 1)
-            for _ in range(10):
-                base += await bench_bare_echo(echo_path, block, 50)
-                calls += await bench_calls(manager, block, 50)
-            results["a_warm_call_ms"] = {"figure": summary(calls), "baseline": summary(base), "baseline_name": "bare grpc.aio unary echo, unix socket"}
-
-            # (d) idle USS, after the calls settled
-            await asyncio.sleep(1.0)
-            sb = manager.sandboxes["basics"]
-            assert sb.inc is not None
-            results["d_idle_uss_mib"] = {
-                "figure": uss(sb.inc.child.pid) / MiB,
-                "baseline": uss(echo_proc.pid) / MiB,
-                "baseline_name": "idle bare grpc.aio server child",
-            }
-
-            # (b)
-            results["b_cold_start_ms"] = {
-                "figure": summary(await bench_cold_start(manager, a.starts)),
-                "baseline": summary(await asyncio.to_thread(bench_import_grpc, a.starts)),
-                "baseline_name": "spawn `python -I -c 'import grpc'` to exit",
-            }
-
-            # (c)
-            results["c_crash_to_reclaimed_ms"] = {
-                "figure": summary(await bench_crash_reclaim(manager, a.crashes)),
-                "baseline": summary(await bench_kill_floor(tmp, a.crashes)),
-                "baseline_name": "SIGKILL of an idle bare grpc.aio server to its pidfd readable",
-            }
-
-            # (h)
-            results["h_turn_overhead_ms"] = await bench_turn(manager, tmp, a.turns)
-
-            # (j), (k), (l)
-            results["docker"] = await bench_docker(manager, tmp, a)
-
-            # (e), (f)
-            for key, backend in (("e_exec_true_process_ms", "process"), ("f_exec_true_bwrap_ms", "bwrap")):
-                if backend not in launchers:
-                    results[key] = {"skipped": bwrap_problem()}
-                    continue
-                manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
-                figure, base, shell = [], [], []
-                block = max(a.execs // 10, 1)
-                for _ in range(10):
-                    base += await bench_spawn_true(block, 20)
-                    shell += await bench_spawn_true(block, 20, shell=True)
-                    figure += await bench_exec_true(manager, f"bench-{backend}", block, 20)
-                results[key] = {
-                    "figure": summary(figure),
-                    "baseline": summary(base),
-                    "baseline_name": "asyncio.create_subprocess_exec('/bin/true') + wait",
-                    # For scale: what an unsandboxed exec tool does in-process.
-                    "shell_spawn": summary(shell),
-                    "shell_spawn_name": "asyncio.create_subprocess_shell('true') + wait",
-                }
-            stop.set()
+            if a.only == "m":
+                for backend in ("process", "bwrap"):
+                    key = f"m_subagent_run_{backend}_ms"
+                    results[key] = await bench_subagent(manager, tmp, a.runs, backend) if backend in launchers else {"skipped": bwrap_problem()}
+                stop.set()
+                return_early = True
+            else:
+                return_early = False
+                await _all_in_manager(a, manager, launchers, tmp, echo_proc, echo_path, results)
+                stop.set()
     finally:
         echo_proc.kill()
         echo_proc.wait()
         manager.close()
         warden.close()
+    if return_early:
+        Path(a.out).write_text(json.dumps(results, indent=2))
+        print_table(results)
+        return
 
     results["g_messages"] = await bench_messages(a.messages)
     results["i_policy_200_tools_ms"] = bench_policy()
@@ -623,7 +630,11 @@ def print_table(r: dict[str, Any]) -> None:
         ("c_crash_to_reclaimed_ms", "(c) crash to reclaimed, ms"),
         ("e_exec_true_process_ms", "(e) exec `true`, process, ms"),
         ("f_exec_true_bwrap_ms", "(f) exec `true`, bwrap, ms"),
+        ("m_subagent_run_process_ms", "(m) subagent run, process, ms"),
+        ("m_subagent_run_bwrap_ms", "(m) subagent run, bwrap, ms"),
     ):
+        if key not in r:
+            continue
         if "skipped" in r[key]:
             print(f"{label:<34}skipped: {r[key]['skipped']}")
             continue
@@ -633,6 +644,8 @@ def print_table(r: dict[str, Any]) -> None:
         if "shell_spawn" in r[key]:
             sh = r[key]["shell_spawn"]
             print(f"{'':<34}for scale: {r[key]['shell_spawn_name']}: p50 {sh['p50']:.3f} ms ({f['p50'] / sh['p50']:.2f}x)")
+    if "d_idle_uss_mib" not in r:
+        return
     d = r["d_idle_uss_mib"]
     print(f"{'(d) idle sandbox USS, MiB':<34}{d['figure']:>9.1f}{'':>18}   {d['baseline']:>8.1f}{'':<20}{d['figure'] / d['baseline']:>8.2f}x")
     print(f"{'':<34}baseline: {d['baseline_name']}")
@@ -640,3 +653,71 @@ def print_table(r: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     asyncio.run(main())
+
+
+
+async def _all_in_manager(a: Any, manager: SandboxManager, launchers: dict[str, Any], tmp: Path, echo_proc: Any, echo_path: str, results: dict[str, Any]) -> None:
+    """Figures (a)-(f), (h), (j)-(m), in one running manager."""
+    # (a) interleave the two in blocks so that machine noise hits both alike
+    calls, base = [], []
+    block = max(a.calls // 10, 1)
+    for _ in range(10):
+        base += await bench_bare_echo(echo_path, block, 50)
+        calls += await bench_calls(manager, block, 50)
+    results["a_warm_call_ms"] = {"figure": summary(calls), "baseline": summary(base), "baseline_name": "bare grpc.aio unary echo, unix socket"}
+
+    # (d) idle USS, after the calls settled
+    await asyncio.sleep(1.0)
+    sb = manager.sandboxes["basics"]
+    assert sb.inc is not None
+    results["d_idle_uss_mib"] = {
+        "figure": uss(sb.inc.child.pid) / MiB,
+        "baseline": uss(echo_proc.pid) / MiB,
+        "baseline_name": "idle bare grpc.aio server child",
+    }
+
+    # (b)
+    results["b_cold_start_ms"] = {
+        "figure": summary(await bench_cold_start(manager, a.starts)),
+        "baseline": summary(await asyncio.to_thread(bench_import_grpc, a.starts)),
+        "baseline_name": "spawn `python -I -c 'import grpc'` to exit",
+    }
+
+    # (c)
+    results["c_crash_to_reclaimed_ms"] = {
+        "figure": summary(await bench_crash_reclaim(manager, a.crashes)),
+        "baseline": summary(await bench_kill_floor(tmp, a.crashes)),
+        "baseline_name": "SIGKILL of an idle bare grpc.aio server to its pidfd readable",
+    }
+
+    # (h)
+    results["h_turn_overhead_ms"] = await bench_turn(manager, tmp, a.turns)
+
+    # (m)
+    for backend in ("process", "bwrap"):
+        key = f"m_subagent_run_{backend}_ms"
+        results[key] = await bench_subagent(manager, tmp, a.runs, backend) if backend in launchers else {"skipped": bwrap_problem()}
+
+    # (j), (k), (l)
+    results["docker"] = await bench_docker(manager, tmp, a)
+
+    # (e), (f)
+    for key, backend in (("e_exec_true_process_ms", "process"), ("f_exec_true_bwrap_ms", "bwrap")):
+        if backend not in launchers:
+            results[key] = {"skipped": bwrap_problem()}
+            continue
+        manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
+        figure, base, shell = [], [], []
+        block = max(a.execs // 10, 1)
+        for _ in range(10):
+            base += await bench_spawn_true(block, 20)
+            shell += await bench_spawn_true(block, 20, shell=True)
+            figure += await bench_exec_true(manager, f"bench-{backend}", block, 20)
+        results[key] = {
+            "figure": summary(figure),
+            "baseline": summary(base),
+            "baseline_name": "asyncio.create_subprocess_exec('/bin/true') + wait",
+            # For scale: what an unsandboxed exec tool does in-process.
+            "shell_spawn": summary(shell),
+            "shell_spawn_name": "asyncio.create_subprocess_shell('true') + wait",
+        }

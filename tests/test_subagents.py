@@ -155,7 +155,7 @@ def test_a_fresh_workspace_is_the_runs_own_and_goes_with_it(gateway_factory: Any
     assert run["status"] == "succeeded" and run["workspace"] == fresh and "only-here.txt" in run["result"]
     assert not (gw.workspace("workspace-main") / "only-here.txt").exists()
     assert fresh not in running_sandboxes(gw) and not (gw.state / "sandboxes" / fresh).exists()
-    assert f"exec 'pwd; echo mine > only-here.txt; ls': exit 0" in gw.cli("logs", fresh).stdout
+    assert "exec 'pwd; echo mine > only-here.txt; ls': exit 0" in gw.cli("logs", fresh).stdout
 
 
 def test_depth_limit_and_each_level_hears_only_its_own_children(gateway_factory: Any) -> None:
