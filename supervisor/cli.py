@@ -7,9 +7,11 @@ operation failed (the error text says why), 2 bad usage, 3 no supervisor running
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, Optional
 
@@ -454,6 +456,20 @@ def chat(
     if message:
         ok = all([send(t) for t in message])
         raise typer.Exit(0 if ok else 1)
+
+    def watch() -> None:
+        """Answers that come on their own (a subagent run reported back) are printed
+        as they arrive."""
+        with contextlib.suppress(Exception):
+            for m in client.stream({"op": "watch", "peer": peer, "thread": thread}):
+                if "reply" in m:
+                    if as_json:
+                        print(json.dumps({"background": m}), flush=True)
+                    else:
+                        err.print(f"[dim]← {m['agentId']} · {m['sessionKey']} (after a background run)[/dim]", highlight=False)
+                        out.print(m["reply"], highlight=False, markup=False)
+
+    threading.Thread(target=watch, daemon=True, name="watch").start()
     interactive = sys.stdin.isatty()
     while True:
         try:

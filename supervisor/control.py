@@ -86,6 +86,16 @@ class WaitRunReq(_Req):
     timeout: float = Field(default=30.0, gt=0, le=3600)
 
 
+class WatchReq(_Req):
+    """Replies to this cli user that arrive outside a `chat` (the answer to a
+    subagent's announce): `{"reply": text, "sessionKey": ...}` lines until the client
+    hangs up."""
+
+    op: Literal["watch"]
+    peer: str | None = Field(default=None, min_length=1, max_length=256)
+    thread: str | None = None
+
+
 class StopReq(_Req):
     op: Literal["stop"]
 
@@ -101,7 +111,7 @@ class ChatReq(_Req):
     thread: str | None = None
 
 
-Request = Annotated[StatusReq | ToolsReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq, Field(discriminator="op")]
+Request = Annotated[StatusReq | ToolsReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq, Field(discriminator="op")]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
@@ -249,6 +259,20 @@ class ControlServer:
                     else:
                         await _send(writer, {"progress" if item.progress else "reply": item.text})
                 await _send(writer, {"ok": True, "data": {}})
+            case WatchReq(peer=peer, thread=thread):
+                if self._chat is None:
+                    raise ClawsupError("the cli channel is disabled (channels.cli.enabled)")
+                with self._chat.watching(peer=peer, thread=thread) as replies:
+
+                    async def forward() -> None:
+                        while (out := await replies.get()) is not None:
+                            await _send(writer, {"reply": out.text, "sessionKey": out.session_key, "agentId": out.agent_id})
+
+                    await _send(writer, {"ok": True, "data": {}})
+                    async with asyncio.TaskGroup() as tg:
+                        pump = tg.create_task(forward())
+                        await reader.read(1)  # the watcher hung up (or we are closing)
+                        pump.cancel()
             case StopReq():
                 await _send(writer, {"ok": True, "data": {"stopping": True}})
                 self._on_stop()

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ import psutil
 import pytest
 
 from supervisor.session_store import file_name, read_session
-from tests.conftest import Gateway, make_config, require_backend, wait_gone
+from tests.conftest import CLAWSUP, Gateway, make_config, require_backend, wait_gone
 from tests.helpers.model_stubs import Stub
 
 MAIN = "agent:main:main"
@@ -156,6 +158,34 @@ def test_a_fresh_workspace_is_the_runs_own_and_goes_with_it(gateway_factory: Any
     assert not (gw.workspace("workspace-main") / "only-here.txt").exists()
     assert fresh not in running_sandboxes(gw) and not (gw.state / "sandboxes" / fresh).exists()
     assert "exec 'pwd; echo mine > only-here.txt; ls': exit 0" in gw.cli("logs", fresh).stdout
+
+
+def test_the_answer_to_an_announce_reaches_the_users_open_chat(gateway_factory: Any) -> None:
+    """The spawning `clawsup chat` call has ended by the time the run reports; a REPL
+    still open prints the agent's answer to the announce when it comes."""
+    gw = gateway_factory(config())
+    repl = subprocess.Popen(
+        [*CLAWSUP, "chat", "--peer", "tester", "--json", "--state-dir", str(gw.state)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert repl.stdin is not None and repl.stdout is not None
+    try:
+        repl.stdin.write("/tool sessions_spawn " + json.dumps({"task": "/sleep 1", "label": "later"}) + "\n")
+        repl.stdin.flush()
+        seen: list[dict[str, Any]] = []
+        while not any("background" in m for m in seen):
+            ready, _, _ = select.select([repl.stdout], [], [], 60)
+            assert ready, f"no answer to the announce within 60 s; saw {seen}"
+            line = repl.stdout.readline()
+            assert line, f"the REPL ended; saw {seen}"
+            seen.append(json.loads(line))
+        spawned = next(m["reply"] for m in seen if "reply" in m)
+        run_id = json.loads(spawned.split("returned: ", 1)[1])["runId"]
+        (bg,) = [m["background"] for m in seen if "background" in m]
+        assert bg["sessionKey"] == MAIN and f"[subagent run {run_id} 'later' succeeded]" in bg["reply"]
+    finally:
+        repl.stdin.close()
+        repl.wait(30)
 
 
 def test_depth_limit_and_each_level_hears_only_its_own_children(gateway_factory: Any) -> None:

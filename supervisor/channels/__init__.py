@@ -9,11 +9,12 @@ will implement.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Protocol
 
-from supervisor.bus import InboundMessage, MessageBus, OutboundMessage
+from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
 from supervisor.errors import ClawsupError
 from supervisor.routing import Route
 
@@ -42,6 +43,9 @@ class Conversations:
     def __init__(self, bus: MessageBus) -> None:
         self.bus = bus
         self._open: dict[str, asyncio.Queue[OutboundMessage | None]] = {}
+        self._watchers: dict[str, set[asyncio.Queue[OutboundMessage | None]]] = {}
+        """Who -> queues of open `watch` streams: replies nobody asked for in this
+        conversation (a subagent's announce, answered) go there."""
         self._ids = itertools.count(1)
         self._closed = ""
 
@@ -52,6 +56,22 @@ class Conversations:
         q = self._open.get(out.target.conversation)
         if q is not None:
             q.put_nowait(out)
+        elif not out.progress:
+            for w in self._watchers.get(who(out.target), ()):
+                w.put_nowait(out)
+
+    @contextlib.contextmanager
+    def watching(self, key: str) -> Iterator[asyncio.Queue[OutboundMessage | None]]:
+        """Replies for `key` (see `who`) whose conversation has ended arrive on the
+        queue while inside; None when the channel closes."""
+        if self._closed:
+            raise ClawsupError(self._closed)
+        q: asyncio.Queue[OutboundMessage | None] = asyncio.Queue()
+        self._watchers.setdefault(key, set()).add(q)
+        try:
+            yield q
+        finally:
+            self._watchers[key].discard(q)
 
     async def exchange(self, msg: InboundMessage) -> AsyncIterator[Route | OutboundMessage]:
         """Put `msg` on the bus (waiting while it is full), yield its route once it is
@@ -79,5 +99,10 @@ class Conversations:
         """End every open conversation now (the gateway is stopping): each gets
         `reason` as an error instead of a reply that will not come."""
         self._closed = reason
-        for q in self._open.values():
+        for q in (*self._open.values(), *(w for ws in self._watchers.values() for w in ws)):
             q.put_nowait(None)
+
+
+def who(target: ReplyTarget) -> str:
+    """A channel user, as a watch is keyed: account, peer and thread."""
+    return f"{target.account_id}|{target.peer.kind}:{target.peer.id}|{target.thread_id or ''}"

@@ -6,11 +6,12 @@ the control socket. The operator's own channel: the peer is who runs the command
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 from collections.abc import AsyncIterator
 
 from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
-from supervisor.channels import SHUTTING_DOWN, Conversations
+from supervisor.channels import SHUTTING_DOWN, Conversations, who
 from supervisor.routing import DEFAULT_ACCOUNT, Peer, Route, RouteInput
 
 NAME = "cli"
@@ -32,6 +33,12 @@ class CliChannel:
 
     async def send(self, out: OutboundMessage) -> None:
         await self.conversations.deliver(out)
+
+    def watching(self, *, peer: str | None, thread: str | None) -> contextlib.AbstractContextManager[asyncio.Queue[OutboundMessage | None]]:
+        """Replies to this user that no open `chat` is waiting for (the agent's
+        answer to a subagent's announce, which comes when the run ends)."""
+        target = ReplyTarget(channel=NAME, account_id=DEFAULT_ACCOUNT, peer=Peer.of("direct", peer or _os_user()), thread_id=thread)
+        return self.conversations.watching(who(target))
 
     def chat(self, text: str, *, peer: str | None, agent: str | None, thread: str | None) -> AsyncIterator[Route | OutboundMessage]:
         who = Peer.of("direct", peer or _os_user())
