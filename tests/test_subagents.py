@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from supervisor.session_store import file_name, read_session
-from tests.conftest import CLAWSUP, Gateway, make_config, require_backend, wait_gone
+from tests.conftest import CLAWSUP, PLUGINS, Gateway, make_config, require_backend, wait_gone
 from tests.helpers.model_stubs import Stub
 
 MAIN = "agent:main:main"
@@ -255,6 +255,19 @@ def test_the_subagent_policy_layer_narrows_a_runs_tools(gateway_factory: Any) ->
     run = wait_run(gw, spawn(gw, task=tool_task("exec", command="echo the-child-may-not"))["runId"])
     assert run["status"] == "succeeded" and "'exec' is not available to this subagent run" in run["result"]
     assert "the-child-may-not" not in gw.log("workspace-main")
+
+
+def test_a_plugin_cannot_use_what_a_run_may_ask(gateway_factory: Any) -> None:
+    """Model and tool calls over the stream are a run's, bound to it by the
+    supervisor; a plugin asking for them is refused."""
+    cfg = config()
+    cfg["plugins"]["load"]["paths"].append(str(PLUGINS / "chaos"))
+    gw = gateway_factory(cfg)
+    for method in ("model.complete", "tool.call", "runs.wait"):
+        r = gw.call("chaos_ask", {"method": method, "payload": {"messages": [{"role": "user", "text": "spend my tokens"}], "name": "exec", "args": {"command": "id"}}})
+        assert r["ok"] and r["data"]["result"]["ok"] is False, r
+        assert f"plugin 'chaos' is not allowed to call {method!r}" in r["data"]["result"]["error"]
+    assert "refused request 'tool.call'" in gw.log("chaos")
 
 
 def test_agent_to_agent_allow_list(gateway_factory: Any) -> None:
