@@ -413,7 +413,7 @@ async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, An
     async def one_turn(i: int) -> None:
         msg = InboundMessage(source=RouteInput(channel="cli", peer=peer), text='/tool echo {"text": "x"}', reply_to=ReplyTarget(channel="cli", account_id="default", peer=peer))
         await store.append(route.session_key, {"role": "user", "id": msg.id, "text": msg.text})
-        out = await loop.turn(route, msg, nothing)
+        out = (await loop.turn(route, msg, nothing)).text
         assert out == "echo returned: x", out
         await store.append(route.session_key, {"role": "assistant", "text": out, "inReplyTo": msg.id})
         if i % 20 == 19:  # keep the history short, as a fresh session's would be

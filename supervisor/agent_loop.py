@@ -29,9 +29,9 @@ from loguru import logger
 
 from supervisor.bus import InboundMessage
 from supervisor.config import AgentEntry, ClawsupConfig
-from supervisor.dispatcher import Progress
+from supervisor.dispatcher import Answer, Progress
 from supervisor.errors import ClawsupError, ConfigError
-from supervisor.providers import ModelReply, Provider, ProviderError, ToolSpec, TurnContext
+from supervisor.providers import ModelReply, Provider, ProviderError, ToolSpec, TurnContext, Usage
 from supervisor.providers.offline import OfflineProvider
 from supervisor.registry import Kind
 from supervisor.routing import Route
@@ -117,7 +117,17 @@ class AgentLoop:
         available = {r.name: r.owner for r in self.manager.registry.tools()}
         return decide(self._policy, agent.tools if agent else None, caller, available)
 
-    async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str:
+    async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> Answer:
+        """The reply, with the turn's tokens for the session: `usage` on each record
+        of a model call (these add up to the total), `turnUsage` on the answer."""
+        used = Usage()
+
+        def answer(text: str, last: Usage | None = None) -> Answer:
+            record = {"turnUsage": {"in": used.input_tokens, "out": used.output_tokens}}
+            if last is not None:
+                record["usage"] = {"in": last.input_tokens, "out": last.output_tokens}
+            return Answer(text, record)
+
         provider = self.provider(self.model_of(route.agent_id))
         ctx = TurnContext(
             agent_id=route.agent_id,
@@ -137,9 +147,10 @@ class AgentLoop:
                 reply: ModelReply = await provider.complete(ctx, messages, specs)
             except ProviderError as e:
                 logger.warning("{}: {}", route.session_key, e)
-                return f"error: the model could not answer: {e}"
+                return answer(f"error: the model could not answer: {e}")
+            used += reply.usage
             if not reply.tool_calls:
-                return reply.text or "(the model returned nothing)"
+                return answer(reply.text or "(the model returned nothing)", reply.usage)
             call_record = {"role": "assistant", "text": reply.text, "toolCalls": [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]}
             messages.append(call_record)
             usage = {"in": reply.usage.input_tokens, "out": reply.usage.output_tokens}
@@ -155,11 +166,11 @@ class AgentLoop:
             verdict = self._loop_check(seen, reads)
             if verdict == "stop":
                 logger.warning("{}: turn stopped by loop detection", route.session_key)
-                return "stopped: the same tool call kept repeating (loop detection); try asking differently."
+                return answer("stopped: the same tool call kept repeating (loop detection); try asking differently.")
             if verdict == "warn" and not warned:
                 warned = True
                 messages.append({"role": "user", "text": "You are repeating the same tool call with the same result. Change approach or answer with what you have.", "warning": True})
-        return f"stopped: the turn reached its limit of {limits.max_iterations} model calls (agentLoop.maxIterations)."
+        return answer(f"stopped: the turn reached its limit of {limits.max_iterations} model calls (agentLoop.maxIterations).")
 
     async def _run_tool(self, name: str, args: dict[str, Any], decision: Decision, route: Route, message: InboundMessage, progress: Progress) -> tuple[str, bool]:
         if name not in decision.tools:

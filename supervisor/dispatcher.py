@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loguru import logger
@@ -39,10 +39,18 @@ class SessionBusy(ClawsupError):
 Progress = Callable[[str], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A turn's reply, and what the session keeps beside it (the turn's tokens)."""
+
+    text: str
+    record: dict[str, Any] = field(default_factory=dict)
+
+
 class Agent(Protocol):
     """What runs a turn: the agent loop, or the placeholder."""
 
-    async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str: ...
+    async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str | Answer: ...
 
     async def stop_session(self, session_key: str) -> int:
         """`/stop`: cancel the background work this session started (subagent
@@ -73,7 +81,7 @@ class _Lane:
     closing: bool = False
     """Set (synchronously) when the lane decides to end, idle: a message arriving
     after that opens a new lane rather than land in a queue nobody reads."""
-    turn: asyncio.Task[str] | None = None
+    turn: asyncio.Task[str | Answer] | None = None
     turn_of: InboundMessage | None = None
 
 
@@ -210,8 +218,12 @@ class Dispatcher:
             await self.store.append(route.session_key, {"role": "system", "text": "turn stopped by /stop", "inReplyTo": msg.id, "ts": time.time()})
             await self._send(msg, route, "stopped.", final=True)
             return
-        await self.store.append(route.session_key, {"role": "assistant", "agentId": route.agent_id, "text": reply, "inReplyTo": msg.id, "ts": time.time(), "turnS": round(time.monotonic() - t0, 4)})
-        await self._send(msg, route, reply, final=True)
+        answer = reply if isinstance(reply, Answer) else Answer(reply)
+        await self.store.append(
+            route.session_key,
+            {"role": "assistant", "agentId": route.agent_id, "text": answer.text, "inReplyTo": msg.id, "ts": time.time(), "turnS": round(time.monotonic() - t0, 4), **answer.record},
+        )
+        await self._send(msg, route, answer.text, final=True)
 
     async def _stop(self, msg: InboundMessage, route: Route) -> None:
         lane = self._lanes.get(route.session_key)

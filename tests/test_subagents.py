@@ -255,6 +255,9 @@ def test_the_subagent_policy_layer_narrows_a_runs_tools(gateway_factory: Any) ->
     run = wait_run(gw, spawn(gw, task=tool_task("exec", command="echo the-child-may-not"))["runId"])
     assert run["status"] == "succeeded" and "'exec' is not available to this subagent run" in run["result"]
     assert "the-child-may-not" not in gw.log("workspace-main")
+    # Plugin tools go through the supervisor too, to their own sandbox.
+    run = wait_run(gw, spawn(gw, task=tool_task("echo", text="through the supervisor"))["runId"])
+    assert run["result"] == "echo returned: through the supervisor"
 
 
 def test_a_plugin_cannot_use_what_a_run_may_ask(gateway_factory: Any) -> None:
@@ -419,8 +422,13 @@ def test_no_child_holds_the_api_key_and_every_token_is_counted(gateway_factory: 
         chat(gw, "and now?")
         (note,) = announces(gw, MAIN)
         assert stats(note["text"]) == ("1", "1", "0", "74", "22")
-        child = session(gw, f"agent:main:subagent:{run['childSessionKey'].rsplit(':', 1)[1]}")
+        child = session(gw, run["childSessionKey"])
         assert [r["usage"] for r in child if r["role"] == "assistant"] == [{"in": 37, "out": 11}] * 2
+        # The parent's own turns are counted in its session the same way: each model
+        # call's record has its usage, and each answer its turn's total.
+        parent = [r for r in session(gw, MAIN) if r["role"] == "assistant"]
+        assert all(r["usage"] == {"in": 37, "out": 11} for r in parent)
+        assert [r["turnUsage"] for r in parent if "turnUsage" in r] == [{"in": 74, "out": 22}, {"in": 37, "out": 11}, {"in": 37, "out": 11}]
 
 
 @pytest.mark.parametrize(
