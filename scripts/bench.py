@@ -466,7 +466,7 @@ async def bench_subagent(manager: SandboxManager, tmp: Path, n: int, backend: st
         for _ in range(5):
             for _ in range(block):
                 t0 = time.perf_counter()
-                accepted = await subs.spawn(SpawnArgs(task="hello"), origin)
+                accepted = subs.spawn(SpawnArgs(task="hello"), origin)
                 run = await subs.wait(accepted["runId"], 60)
                 figure.append((time.perf_counter() - t0) * 1000)
                 assert run["status"] == "succeeded", run

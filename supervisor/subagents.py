@@ -267,7 +267,7 @@ class Subagents:
         """`sessions_spawn` or `subagents`, for `origin`; the answer is the tool's
         result text. Refusals raise (the model sees the sentence)."""
         if name == "sessions_spawn":
-            return json.dumps(await self.spawn(_parse(SpawnArgs, name, args), origin))
+            return json.dumps(self.spawn(_parse(SpawnArgs, name, args), origin))
         a = _parse(SubagentsArgs, name, args)
         if a.action == "kill":
             if not a.target:
@@ -275,7 +275,7 @@ class Subagents:
             return json.dumps(self.kill(origin, a.target))
         return json.dumps({"runs": [r.to_json() for r in self._own(origin)]})
 
-    async def spawn(self, a: SpawnArgs, origin: Origin) -> dict[str, Any]:
+    def spawn(self, a: SpawnArgs, origin: Origin) -> dict[str, Any]:
         lim = self.limits
         if origin.depth + 1 > lim.max_spawn_depth:
             raise SpawnRefused(
@@ -327,7 +327,6 @@ class Subagents:
         self.runs[run_id] = run
         if origin.run is not None:
             origin.run.children.append(run)
-        await self._store.append(run.child_key, {"role": "user", "id": run_id, "text": a.task, "ts": time.time(), "agentId": target, "spawnedBy": origin.session_key, "label": run.label})
         run.task_handle = self._tg.create_task(self._drive(run), name=f"subagent run {run_id}")
         logger.info("{}: spawned subagent run {} ({}) for agent {} at depth {}", origin.session_key, run_id, run.label, target, run.depth)
         self._prune()
@@ -408,6 +407,7 @@ class Subagents:
         try:
             try:
                 async with asyncio.timeout(run.timeout_s):
+                    await self._store.append(run.child_key, {"role": "user", "id": run.run_id, "text": run.task, "ts": time.time(), "agentId": run.agent_id, "spawnedBy": run.parent_key, "label": run.label})
                     sb = self._manager.add(self._plan(run))
                     sb.services.update(self._services(run))
                     self._manager.supervise_later(sb)
@@ -425,7 +425,7 @@ class Subagents:
             except SandboxDied as e:
                 tail = f"; last stderr: {' | '.join(e.stderr_tail[-3:])}" if e.stderr_tail else ""
                 self._end(run, "failed", "", f"its sandbox {e.status.describe()}{tail}; see `clawsup logs {run.sandbox_id}`")
-            except ClawsupError as e:
+            except (ClawsupError, OSError) as e:
                 self._end(run, "failed", "", str(e))
             except asyncio.CancelledError:
                 self._end(run, "cancelled", "", run.cancel_reason or "cancelled")
