@@ -19,10 +19,8 @@ but the registry.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections import Counter
 from typing import Any
 
 from loguru import logger
@@ -31,6 +29,7 @@ from supervisor.bus import InboundMessage
 from supervisor.config import AgentEntry, ClawsupConfig
 from supervisor.dispatcher import Answer, Progress
 from supervisor.errors import ClawsupError, ConfigError
+from supervisor.loop_detection import STOPPED, WARNING, LoopWatch
 from supervisor.providers import ModelReply, Provider, ProviderError, ToolSpec, TurnContext, Usage
 from supervisor.providers.offline import OfflineProvider
 from supervisor.registry import Kind
@@ -137,9 +136,7 @@ class AgentLoop:
         )
         messages = self._history(route.session_key, message)
         limits = self.cfg.agent_loop
-        seen: Counter[str] = Counter()
-        reads: Counter[str] = Counter()
-        warned = False
+        loops = LoopWatch(limits.loop_detection)
         for _ in range(limits.max_iterations):
             decision = self.policy_for(route, message)
             specs = self._specs(decision)
@@ -160,16 +157,13 @@ class AgentLoop:
                 tool_record = {"role": "tool", "toolCallId": call.id, "name": call.name, "content": result, "isError": is_error}
                 messages.append(tool_record)
                 await self.store.append(route.session_key, {**tool_record, "inReplyTo": message.id, "ts": time.time()})
-                seen[f"{call.name} {json.dumps(call.args, sort_keys=True)}"] += 1
-                if call.name == "read" and isinstance(call.args.get("path"), str):
-                    reads[call.args["path"]] += 1
-            verdict = self._loop_check(seen, reads)
+                loops.record(call.name, call.args)
+            verdict = loops.verdict()
             if verdict == "stop":
                 logger.warning("{}: turn stopped by loop detection", route.session_key)
-                return answer("stopped: the same tool call kept repeating (loop detection); try asking differently.")
-            if verdict == "warn" and not warned:
-                warned = True
-                messages.append({"role": "user", "text": "You are repeating the same tool call with the same result. Change approach or answer with what you have.", "warning": True})
+                return answer(f"stopped: {STOPPED}; try asking differently.")
+            if verdict == "warn":
+                messages.append({"role": "user", "text": WARNING, "warning": True})
         return answer(f"stopped: the turn reached its limit of {limits.max_iterations} model calls (agentLoop.maxIterations).")
 
     async def _run_tool(self, name: str, args: dict[str, Any], decision: Decision, route: Route, message: InboundMessage, progress: Progress) -> tuple[str, bool]:
@@ -192,18 +186,6 @@ class AgentLoop:
         except ClawsupError as e:
             return str(e), True
         return result.text, False
-
-    def _loop_check(self, seen: Counter[str], reads: Counter[str]) -> str:
-        d = self.cfg.agent_loop.loop_detection
-        if not d.enabled:
-            return ""
-        top = max(seen.values(), default=0)
-        top_read = max(reads.values(), default=0)
-        if top >= d.same_call_stop or top_read >= d.same_file_reads_stop:
-            return "stop"
-        if top >= d.same_call_warn or top_read >= d.same_file_reads_warn:
-            return "warn"
-        return ""
 
     def _specs(self, decision: Decision) -> list[ToolSpec]:
         out = []

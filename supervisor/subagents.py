@@ -44,6 +44,7 @@ from supervisor.bus import InboundMessage, MessageBus
 from supervisor.config import ClawsupConfig
 from supervisor.errors import BadToolArguments, ClawsupError, SandboxDied
 from supervisor.lifecycle import RestartPolicy, SandboxState
+from supervisor.loop_detection import STOPPED, WARNING, LoopWatch
 from supervisor.providers import Provider, ProviderError, ToolSpec, TurnContext, Usage
 from supervisor.registry import CORE_OWNER, Kind, Registration, Registry
 from supervisor.routing import Route
@@ -131,6 +132,8 @@ class Run:
     """The workspace sandbox its file and exec tools use."""
     fresh_workspace: bool
     provider: Provider
+    loops: LoopWatch
+    """Repeated tool calls, counted here: the run's loop cannot be trusted to."""
     status: str = "running"
     """running, succeeded, failed, timed_out, cancelled."""
     reason: str = ""
@@ -323,6 +326,7 @@ class Subagents:
             workspace=workspace,
             fresh_workspace=fresh,
             provider=provider,
+            loops=LoopWatch(self.cfg.agent_loop.loop_detection),
         )
         self.runs[run_id] = run
         if origin.run is not None:
@@ -523,6 +527,11 @@ class Subagents:
         inserted: list[dict[str, Any]] = []
         while not run.inbox.empty():
             inserted.append(run.inbox.get_nowait())
+        verdict = run.loops.verdict()
+        if verdict == "stop":
+            raise PermissionError(f"this run was stopped: {STOPPED}")
+        if verdict == "warn":
+            inserted.append({"role": "user", "text": WARNING, "warning": True})
         messages += inserted
         specs = []
         for name in sorted(self.tools_of(run)):
@@ -556,6 +565,7 @@ class Subagents:
         name, call_id, args = payload.get("name"), payload.get("id", ""), payload.get("args", {})
         if not isinstance(name, str) or not isinstance(args, dict):
             raise ValueError("tool.call needs {name: str, args: object}")
+        run.loops.record(name, args)
         tools = self.tools_of(run)
         if name not in tools:
             content, is_error = f"tool {name!r} is not available to this subagent run (its tools: {', '.join(sorted(tools)) or 'none'})", True

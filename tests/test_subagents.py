@@ -431,6 +431,30 @@ def test_no_child_holds_the_api_key_and_every_token_is_counted(gateway_factory: 
         assert [r["turnUsage"] for r in parent if "turnUsage" in r] == [{"in": 74, "out": 22}, {"in": 37, "out": 11}, {"in": 37, "out": 11}]
 
 
+def test_loop_detection_holds_in_a_run(gateway_factory: Any) -> None:
+    """The run's loop is in the child; the counting is the supervisor's."""
+
+    def script(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        if "subagent" not in body["system"]:
+            return [{"tool": "sessions_spawn", "args": {"task": "loop"}}] if n == 1 else [{"text": "ok"}]
+        return [{"tool": "echo", "args": {"text": "again"}, "id": f"toolu_{n}"}]
+
+    with Stub(script) as stub:
+        cfg = config()
+        cfg["agents"]["list"] = [{"id": "main", "default": True, "model": "anthropic/claude-stub"}]
+        cfg["providers"] = {"anthropic": {"baseUrl": stub.url, "maxRetries": 0}}
+        gw = gateway_factory(cfg, env={"ANTHROPIC_API_KEY": "sk-test"})
+        chat(gw, "go")
+        run_id = gw.request(op="status")["data"]["runs"][0]["runs"][0]["runId"]
+        run = wait_run(gw, run_id)
+        assert run["status"] == "failed" and "stopped: the same tool call kept repeating (loop detection)" in run["reason"]
+        # Warned at the third call (the model saw it), stopped before a sixth model call.
+        child = [b for b in stub.requests if "subagent" in b["system"]]
+        assert len(child) == 5
+        texts = [c.get("text", "") for m in child[3]["messages"] for c in m["content"] if isinstance(m["content"], list)]
+        assert any("You are repeating the same tool call" in t for t in texts)
+
+
 @pytest.mark.parametrize(
     "bad, says",
     [
@@ -441,7 +465,14 @@ def test_no_child_holds_the_api_key_and_every_token_is_counted(gateway_factory: 
     ],
 )
 def test_bad_spawn_arguments_are_explained_to_the_model(module_gateways: Any, bad: dict[str, Any], says: str) -> None:
-    gw = module_gateways("bad-args", config())
+    gw = module_gateways("bad-args", config(), env={"ANTHROPIC_API_KEY": ""})
     out = chat(gw, "/tool sessions_spawn " + json.dumps(bad))
     assert out.startswith("sessions_spawn failed: bad arguments for tool 'sessions_spawn'") and says in out, out
+    assert gw.request(op="status")["data"]["runs"] == []
+
+
+def test_a_model_the_gateway_cannot_use_refuses_the_spawn(module_gateways: Any) -> None:
+    gw = module_gateways("bad-args", config(), env={"ANTHROPIC_API_KEY": ""})
+    out = chat(gw, "/tool sessions_spawn " + json.dumps({"task": "x", "model": "anthropic/claude-x"}))
+    assert out.startswith("sessions_spawn failed:") and "model 'anthropic/claude-x' needs $ANTHROPIC_API_KEY" in out, out
     assert gw.request(op="status")["data"]["runs"] == []
