@@ -33,6 +33,7 @@ from supervisor.messaging import Messaging
 from supervisor.paths import StatePaths
 from supervisor.plans import build_plans
 from supervisor.registry import Registry
+from supervisor.run_journal import RunJournal
 from supervisor.subagents import SPAWN_TOOLS, Subagents, register_spawn_tools, run_backends
 from supervisor.supervised import SandboxPlan, Timing
 from supervisor.workspaces import CORE_TOOLS, Workspaces, register_core_tools, settings_from_config
@@ -223,7 +224,14 @@ async def run_gateway(opts: GatewayOptions) -> int:
         agent_loop = messaging.dispatcher.agent
         assert isinstance(agent_loop, AgentLoop)
         agent_loop.subagents = subagents = Subagents(
-            cfg, manager=manager, store=messaging.store, bus=messaging.bus, provider=agent_loop.provider, model_of=agent_loop.model_of, backends=run_backend
+            cfg,
+            manager=manager,
+            store=messaging.store,
+            bus=messaging.bus,
+            provider=agent_loop.provider,
+            model_of=agent_loop.model_of,
+            backends=run_backend,
+            journal=RunJournal(paths.root / "runs.jsonl"),
         )
         control = ControlServer(paths.control_socket, manager, stop.set, chat=messaging.cli, subagents=subagents)
         await control.start()

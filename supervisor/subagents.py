@@ -40,14 +40,15 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox.manifest import format_validation_error
-from supervisor.bus import InboundMessage, MessageBus
+from supervisor.bus import InboundMessage, MessageBus, ReplyTarget
 from supervisor.config import ClawsupConfig
 from supervisor.errors import BadToolArguments, ClawsupError, SandboxDied
 from supervisor.lifecycle import RestartPolicy, SandboxState
 from supervisor.loop_detection import STOPPED, WARNING, LoopWatch
 from supervisor.providers import Provider, ProviderError, ToolSpec, TurnContext, Usage
 from supervisor.registry import CORE_OWNER, Kind, Registration, Registry
-from supervisor.routing import Route
+from supervisor.routing import Route, RouteInput
+from supervisor.run_journal import RunJournal, origin_from, origin_json
 from supervisor.session_store import SessionStore
 from supervisor.supervised import SandboxPlan
 from supervisor.tool_policy import CORE_GROUPS, Caller, decide
@@ -232,9 +233,11 @@ class Subagents:
         provider: Callable[[str], Provider],
         model_of: Callable[[str], str],
         backends: dict[str, str],
+        journal: RunJournal | None = None,
     ) -> None:
         """`provider(model)` gives the (cached) provider of a model, raising
-        ConfigError when it cannot be made; `model_of(agent_id)` an agent's model."""
+        ConfigError when it cannot be made; `model_of(agent_id)` an agent's model;
+        `journal` keeps sessions' runs across supervisor lives (run_journal.py)."""
         self.cfg = cfg
         self.limits = cfg.agents.defaults.subagents
         self._manager = manager
@@ -248,6 +251,7 @@ class Subagents:
         self.backends = backends
         """Agent id -> the backend of its runs' sandboxes (see `run_backends`)."""
         self.runs: dict[str, Run] = {}
+        self._journal = journal
         self._tg: asyncio.TaskGroup | None = None
         self._closing = False
 
@@ -256,6 +260,7 @@ class Subagents:
     async def run(self, stop: asyncio.Event) -> None:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
+            await self._report_lost_runs()
             await stop.wait()
             self._closing = True
             self._tg = None
@@ -331,6 +336,10 @@ class Subagents:
         self.runs[run_id] = run
         if origin.run is not None:
             origin.run.children.append(run)
+        elif self._journal is not None and origin.message is not None and origin.route is not None:
+            self._journal.spawned(
+                {"runId": run_id, "label": run.label, "agentId": target, "childKey": run.child_key, "ts": time.time(), "origin": origin_json(origin.message.source, origin.message.reply_to, origin.route)}
+            )
         run.task_handle = self._tg.create_task(self._drive(run), name=f"subagent run {run_id}")
         logger.info("{}: spawned subagent run {} ({}) for agent {} at depth {}", origin.session_key, run_id, run.label, target, run.depth)
         self._prune()
@@ -477,20 +486,64 @@ class Subagents:
         return f"{head}\n{body}\n{run.stats()}"
 
     async def _announce(self, run: Run, text: str) -> None:
-        """One system message to the parent, and only to it."""
-        if self._closing:
-            return
+        """One system message to the parent, and only to it. A session's report that
+        cannot be delivered now (the gateway is stopping) waits in the journal for
+        the next start."""
         parent = run.origin.run
         if parent is not None:
-            if parent.running:
+            if parent.running and not self._closing:
                 parent.inbox.put_nowait({"role": "user", "text": text})
             return
         msg, route = run.origin.message, run.origin.route
         if msg is None or route is None:
             return
-        note = InboundMessage(source=msg.source, text=text, reply_to=msg.reply_to, route=route, role="system")
+        if self._closing:
+            if self._journal is not None:
+                self._journal.ended(run.run_id, text)
+            return
+        await self._tell(msg.source, msg.reply_to, route, text)
+        if self._journal is not None:
+            self._journal.reported(run.run_id)
+
+    async def _tell(self, source: RouteInput, reply_to: ReplyTarget, route: Route, text: str) -> None:
+        note = InboundMessage(source=source, text=text, reply_to=reply_to, route=route, role="system")
         note.accepted.add_done_callback(_quiet)
         await self._bus.inbound.put(note)
+
+    async def _report_lost_runs(self) -> None:
+        """Runs of the supervisor's last life that their sessions never heard of."""
+        if self._journal is None:
+            return
+        for r in self._journal.unreported():
+            try:
+                source, reply_to, route = origin_from(r["origin"])
+            except (KeyError, TypeError, ValueError) as e:
+                logger.warning("run {} cannot be reported to its session: {}", r.get("runId"), e)
+                continue
+            text = r.get("ended")
+            if text:
+                text += "\n(reported when the gateway started again)"
+            else:
+                text = self._lost_text(r)
+            logger.warning("subagent run {} ({}) of {} was not reported before the supervisor stopped; reporting it now", r["runId"], r.get("label"), route.session_key)
+            await self._tell(source, reply_to, route, text)
+
+    def _lost_text(self, r: dict[str, Any]) -> str:
+        """What a run's own session says of it, since nothing else is left."""
+        records = self._store.read(r["childKey"])
+        used = Usage()
+        for rec in records:
+            u = rec.get("usage") if rec.get("role") == "assistant" else None
+            if isinstance(u, dict):
+                used += Usage(int(u.get("in", 0)), int(u.get("out", 0)))
+        last = max((rec.get("ts", 0) for rec in records), default=0) or r.get("ts", 0)
+        return (
+            f"[subagent run {r['runId']} {r.get('label', r['runId'])!r} failed] agent {r.get('agentId')}, session {r['childKey']}\n"
+            f"the gateway stopped while the run was going (its supervisor was killed or crashed), and the run was lost with it; "
+            f"its session holds what it did\n"
+            f"stats: runs 1 (0 succeeded, 1 failed) · duration {max(0.0, last - r.get('ts', last)):.1f} s · "
+            f"tokens {used.input_tokens} in / {used.output_tokens} out"
+        )
 
     # -- what a run's sandbox may ask ------------------------------------------------
 

@@ -339,6 +339,35 @@ def test_a_crashed_child_is_a_failed_run_and_the_gateway_goes_on(gateway_factory
     assert wait_run(gw, again["runId"])["status"] == "succeeded"
 
 
+def test_runs_the_supervisor_lost_are_reported_when_it_starts_again(gateway_factory: Any) -> None:
+    gw = gateway_factory(config())
+    killed = spawn(gw, task="/sleep 60", label="lost")
+    pid = host_pid(gw, killed["runId"])
+    gw.kill()  # SIGKILL: nothing is reported, and the run's host dies with it
+    assert wait_gone([pid]) == []
+    gw = gateway_factory(config())
+    chat(gw, "sync")
+    (note,) = announces(gw, MAIN)
+    assert f"[subagent run {killed['runId']} 'lost' failed]" in note["text"] and "the gateway stopped while the run was going" in note["text"]
+    assert stats(note["text"])[:3] == ("1", "0", "1")
+    assert f"subagent run {killed['runId']} (lost) of {MAIN} was not reported" in gw.supervisor_log()
+
+    # A polite stop cannot deliver its runs' reports either; the next start does.
+    stopped = spawn(gw, task="/sleep 60", label="stopped")
+    host_pid(gw, stopped["runId"])
+    assert gw.stop() == 0
+    gw = gateway_factory(config())
+    chat(gw, "sync")
+    notes = announces(gw, MAIN)
+    assert len(notes) == 2 and f"[subagent run {stopped['runId']} 'stopped' cancelled]" in notes[1]["text"]
+    assert "the gateway is shutting down" in notes[1]["text"] and "reported when the gateway started again" in notes[1]["text"]
+    # Each run is reported once: another start says nothing more.
+    gw.stop()
+    gw = gateway_factory(config())
+    chat(gw, "sync")
+    assert len(announces(gw, MAIN)) == 2
+
+
 def test_stop_cascades_to_nested_runs(gateway_factory: Any) -> None:
     gw = gateway_factory(config(maxSpawnDepth=2))
     marker = "27.1828"
