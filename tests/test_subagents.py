@@ -10,12 +10,14 @@ works, as CI has it), killed for real."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
 import select
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +188,42 @@ def test_the_answer_to_an_announce_reaches_the_users_open_chat(gateway_factory: 
     finally:
         repl.stdin.close()
         repl.wait(30)
+
+
+def test_the_answer_to_an_announce_reaches_an_http_events_stream(gateway_factory: Any) -> None:
+    token = "t" * 24
+    cfg = config()
+    cfg["channels"] = {"http": {"enabled": True, "port": 0, "token": token}}
+    gw = gateway_factory(cfg)
+    port = int((gw.state / "run" / "http.port").read_text())
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def events(conn: http.client.HTTPConnection) -> Iterator[tuple[str, dict[str, Any]]]:
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        event = None
+        for raw in resp:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                yield str(event), json.loads(line[6:])
+
+    bad = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    bad.request("GET", "/v1/events?peerId=alice", headers={"Authorization": "Bearer wrong"})
+    assert bad.getresponse().status == 401
+    watch = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    watch.request("GET", "/v1/events?peerId=alice", headers=auth)
+    stream = events(watch)
+    assert next(stream) == ("ready", {})
+    post = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = {"text": "/tool sessions_spawn " + json.dumps({"task": "/sleep 0.5", "label": "web"}), "peer": {"kind": "direct", "id": "alice"}}
+    post.request("POST", "/v1/messages", json.dumps(body), {**auth, "Content-Type": "application/json"})
+    replies = [data for ev, data in events(post) if ev == "reply"]
+    run_id = json.loads(replies[0]["text"].split("returned: ", 1)[1])["runId"]
+    ev, data = next(stream)  # the answer to the announce, after the POST has ended
+    assert ev == "reply" and data["sessionKey"] == MAIN and f"[subagent run {run_id} 'web' succeeded]" in data["text"]
+    watch.close()
 
 
 def test_depth_limit_and_each_level_hears_only_its_own_children(gateway_factory: Any) -> None:

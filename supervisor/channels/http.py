@@ -9,6 +9,12 @@ answers with server-sent events: `ack` (the route: agentId, matchedBy, sessionKe
 …) once the message is in its session, then `progress` notes, then `reply`. A refused
 message gets `error`. The identity fields come from the request envelope, which the
 bearer token vouches for; the channel name is always `http`. Loopback only.
+
+    GET /v1/events?peerId=alice[&peerKind=direct][&accountId=…][&threadId=…]
+
+stays open and sends `reply` events for that user that no open POST is waiting for:
+the agent's answer to a subagent's announce, which comes when the run ends. It opens
+with `ready`, and a comment every KEEPALIVE_S finds a client that went away.
 """
 
 from __future__ import annotations
@@ -26,12 +32,13 @@ from pydantic.alias_generators import to_camel
 
 from sandbox.manifest import format_validation_error
 from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
-from supervisor.channels import SHUTTING_DOWN, Conversations
+from supervisor.channels import SHUTTING_DOWN, Conversations, who
 from supervisor.errors import ClawsupError
 from supervisor.routing import Peer, Route, RouteInput, norm_account
 
 NAME = "http"
 MAX_BODY = 1024 * 1024
+KEEPALIVE_S = 15.0
 
 
 class _PeerIn(BaseModel):
@@ -69,6 +76,7 @@ class HttpChannel:
     async def serve(self) -> None:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post("/v1/messages", self._message)
+        app.router.add_get("/v1/events", self._events)
         # Open streams are ended by close_all below; what is left gets a short grace.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await runner.setup()
@@ -126,6 +134,34 @@ class HttpChannel:
         except ClawsupError as e:
             await _event(resp, "error", {"code": e.code, "message": str(e)})
         except ConnectionResetError:
+            return resp
+        await resp.write_eof()
+        return resp
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        q = request.query
+        kind, peer_id = q.get("peerKind", "direct"), q.get("peerId", "").strip()
+        if not peer_id or kind.lower() not in ("direct", "dm", "group", "channel"):
+            return web.json_response({"error": "peerId (required) and peerKind (direct, group or channel) name whose replies to send"}, status=400)
+        target = ReplyTarget(channel=NAME, account_id=norm_account(q.get("accountId") or self._account), peer=Peer.of(kind, peer_id), thread_id=q.get("threadId"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            with self.conversations.watching(who(target)) as replies:
+                await _event(resp, "ready", {})
+                while True:
+                    try:
+                        async with asyncio.timeout(KEEPALIVE_S):
+                            out = await replies.get()
+                    except TimeoutError:
+                        await resp.write(b": keepalive\n\n")
+                        continue
+                    if out is None:
+                        break
+                    await _event(resp, "reply", {"text": out.text, "sessionKey": out.session_key, "agentId": out.agent_id, "inReplyTo": out.in_reply_to})
+        except (ClawsupError, ConnectionResetError):
             return resp
         await resp.write_eof()
         return resp
