@@ -17,6 +17,7 @@ import pytest
 
 from supervisor.session_store import file_name, read_session
 from tests.conftest import Gateway, make_config
+from tests.helpers.sse import read_events
 
 TOKEN = "test-token-0123456789"
 
@@ -43,14 +44,7 @@ def post(gw: Gateway, body: dict[str, Any], token: str = TOKEN, timeout: float =
         if resp.status != 200:
             yield "http", {"status": resp.status, **json.loads(resp.read())}
             return
-        event = None
-        for raw in resp:
-            line = raw.decode().rstrip("\n")
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                assert event is not None
-                yield event, json.loads(line[6:])
+        yield from read_events(resp)
     finally:
         conn.close()
 

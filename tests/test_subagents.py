@@ -27,6 +27,7 @@ import pytest
 from supervisor.session_store import file_name, read_session
 from tests.conftest import CLAWSUP, PLUGINS, Gateway, make_config, require_backend, wait_gone
 from tests.helpers.model_stubs import Stub
+from tests.helpers.sse import read_events
 
 MAIN = "agent:main:main"
 STATS = re.compile(r"stats: runs (\d+) \((\d+) succeeded, (\d+) failed\) · duration [\d.]+ s · tokens (\d+) in / (\d+) out")
@@ -201,13 +202,7 @@ def test_the_answer_to_an_announce_reaches_an_http_events_stream(gateway_factory
     def events(conn: http.client.HTTPConnection) -> Iterator[tuple[str, dict[str, Any]]]:
         resp = conn.getresponse()
         assert resp.status == 200, resp.read()
-        event = None
-        for raw in resp:
-            line = raw.decode().rstrip("\n")
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                yield str(event), json.loads(line[6:])
+        return read_events(resp)
 
     bad = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     bad.request("GET", "/v1/events?peerId=alice", headers={"Authorization": "Bearer wrong"})
