@@ -50,7 +50,8 @@ from supervisor.registry import CORE_OWNER, Kind, Registration, Registry
 from supervisor.routing import Route, RouteInput
 from supervisor.run_journal import RunJournal, origin_from, origin_json
 from supervisor.session_store import SessionStore
-from supervisor.supervised import SandboxPlan
+from supervisor.manager import SandboxManager
+from supervisor.supervised import SandboxPlan, SupervisedSandbox
 from supervisor.tool_policy import CORE_GROUPS, Caller, decide
 from supervisor.workspaces import Workspaces, resolve_backend
 
@@ -227,7 +228,7 @@ class Subagents:
         self,
         cfg: ClawsupConfig,
         *,
-        manager: Any,
+        manager: SandboxManager,
         store: SessionStore,
         bus: MessageBus,
         provider: Callable[[str], Provider],
@@ -241,6 +242,7 @@ class Subagents:
         self.cfg = cfg
         self.limits = cfg.agents.defaults.subagents
         self._manager = manager
+        assert manager.workspaces is not None, "the manager's workspaces come first"
         self._workspaces: Workspaces = manager.workspaces
         self._store = store
         self._bus = bus
@@ -416,7 +418,7 @@ class Subagents:
         )
 
     async def _drive(self, run: Run) -> None:
-        sb = None
+        sb: SupervisedSandbox | None = None
         try:
             try:
                 async with asyncio.timeout(run.timeout_s):
@@ -452,7 +454,7 @@ class Subagents:
     def _end(self, run: Run, status: str, text: str, reason: str) -> None:
         run.status, run.result, run.reason, run.t1 = status, text, reason, time.monotonic()
 
-    async def _wind_down(self, run: Run, sb: Any) -> None:
+    async def _wind_down(self, run: Run, sb: SupervisedSandbox | None) -> None:
         """Children first (a run takes its subtree with it), then its sandboxes, then
         the record and the announce. Bounded throughout: cancellation of the run's
         own task has already been delivered, so these awaits run to completion."""
