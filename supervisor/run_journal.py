@@ -10,7 +10,7 @@ write (a torn last line, from a crash mid-write, is skipped):
 
   {"event": "spawned", "runId", "label", "agentId", "childKey", "ts", "origin": {...}}
   {"event": "ended", "runId", "text"}       a report the supervisor could not deliver
-  {"event": "reported", "runId"}
+  {"event": "reported", "runId"}          once the report is in the session
 
 Created by the gateway; used by supervisor/subagents.py.
 """
@@ -55,8 +55,9 @@ class RunJournal:
 
     def unreported(self) -> list[dict[str, Any]]:
         """Runs of an earlier life that were spawned and never reported, each with
-        the text of its undelivered report (`ended`) when there was one; the file is
-        emptied, since the caller reports them now."""
+        the text of its undelivered report (`ended`) when there was one. The file is
+        rewritten down to them: the caller reports them now, and each stays here
+        until its report is in its session (`reported`)."""
         runs: dict[str, dict[str, Any]] = {}
         try:
             lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -75,7 +76,9 @@ class RunJournal:
                 runs[run_id]["ended"] = e.get("text", "")
             elif event == "reported":
                 runs.pop(run_id, None)
-        self._rewrite([])
+        self._rewrite([{**r, "event": "spawned"} for r in runs.values()])
+        for r in runs.values():
+            self._live[r["runId"]] = {k: v for k, v in r.items() if k != "event"}
         return list(runs.values())
 
     def _append(self, obj: dict[str, Any]) -> None:

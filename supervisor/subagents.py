@@ -503,13 +503,21 @@ class Subagents:
             if self._journal is not None:
                 self._journal.ended(run.run_id, text)
             return
-        await self._tell(msg.source, msg.reply_to, route, text)
-        if self._journal is not None:
-            self._journal.reported(run.run_id)
+        await self._tell(msg.source, msg.reply_to, route, text, run.run_id)
 
-    async def _tell(self, source: RouteInput, reply_to: ReplyTarget, route: Route, text: str) -> None:
+    async def _tell(self, source: RouteInput, reply_to: ReplyTarget, route: Route, text: str, run_id: str) -> None:
+        """Put a report on the bus; the journal lets go of the run once the report
+        is in its session."""
         note = InboundMessage(source=source, text=text, reply_to=reply_to, route=route, role="system")
-        note.accepted.add_done_callback(_quiet)
+        journal = self._journal
+
+        def done(fut: asyncio.Future[Route]) -> None:
+            if fut.cancelled() or (e := fut.exception()) is not None:
+                logger.warning("the report of run {} was not accepted: {}", run_id, "cancelled" if fut.cancelled() else e)
+            elif journal is not None:
+                journal.reported(run_id)
+
+        note.accepted.add_done_callback(done)
         await self._bus.inbound.put(note)
 
     async def _report_lost_runs(self) -> None:
@@ -528,7 +536,7 @@ class Subagents:
             else:
                 text = self._lost_text(r)
             logger.warning("subagent run {} ({}) of {} was not reported before the supervisor stopped; reporting it now", r["runId"], r.get("label"), route.session_key)
-            await self._tell(source, reply_to, route, text)
+            await self._tell(source, reply_to, route, text, r["runId"])
 
     def _lost_text(self, r: dict[str, Any]) -> str:
         """What a run's own session says of it, since nothing else is left."""
@@ -689,10 +697,3 @@ def _model_name(m: Any) -> str:
     if isinstance(m, dict):
         m = m.get("primary")
     return str(m or "")
-
-
-def _quiet(fut: asyncio.Future[Any]) -> None:
-    # Nobody waits on an announce's acceptance; a refusal (the session's queue is
-    # full) is logged instead of warned about as never retrieved.
-    if not fut.cancelled() and (e := fut.exception()) is not None:
-        logger.warning("an announce was not accepted: {}", e)
