@@ -456,7 +456,7 @@ async def bench_subagent(manager: SandboxManager, tmp: Path, n: int, backend: st
     origin = Origin(session_key=route.session_key, agent_id="main", caller=Caller(agent="main", owner=True), allowed=frozenset(), message=msg, route=route)
     # The baseline: a host of the same runtime with no plugin either (a workspace
     # sandbox), stopped and started again.
-    host = await manager.workspaces.sandbox(f"bench-{backend}", None)
+    host = await manager.workspaces.sandbox(f"bench-runs-{backend}", None)  # its own, not (e)'s
     stop = asyncio.Event()
     figure, base = [], []
     async with asyncio.TaskGroup() as tg:
@@ -474,7 +474,8 @@ async def bench_subagent(manager: SandboxManager, tmp: Path, n: int, backend: st
             for _ in range(block):
                 t0 = time.perf_counter()
                 await host.stop("bench", 30)
-                assert await host.start(30) is SandboxState.READY
+                state = await host.start(30)
+                assert state is SandboxState.READY, (state, host.lc.last_exit, list(host.log.stderr_tail))
                 base.append((time.perf_counter() - t0) * 1000)
         stop.set()
     store.close()
@@ -526,6 +527,76 @@ def print_policy(i: dict[str, Any]) -> None:
 
 def uss(pid: int) -> int:
     return psutil.Process(pid).memory_full_info().uss
+
+
+
+async def _all_in_manager(a: Any, manager: SandboxManager, launchers: dict[str, Any], tmp: Path, echo_proc: Any, echo_path: str, results: dict[str, Any]) -> None:
+    """Figures (a)-(f), (h), (j)-(l), in one running manager."""
+    # (a) interleave the two in blocks so that machine noise hits both alike
+    calls, base = [], []
+    block = max(a.calls // 10, 1)
+    for _ in range(10):
+        base += await bench_bare_echo(echo_path, block, 50)
+        calls += await bench_calls(manager, block, 50)
+    results["a_warm_call_ms"] = {"figure": summary(calls), "baseline": summary(base), "baseline_name": "bare grpc.aio unary echo, unix socket"}
+
+    # (d) idle USS, after the calls settled
+    await asyncio.sleep(1.0)
+    sb = manager.sandboxes["basics"]
+    assert sb.inc is not None
+    results["d_idle_uss_mib"] = {
+        "figure": uss(sb.inc.child.pid) / MiB,
+        "baseline": uss(echo_proc.pid) / MiB,
+        "baseline_name": "idle bare grpc.aio server child",
+    }
+
+    # (b)
+    results["b_cold_start_ms"] = {
+        "figure": summary(await bench_cold_start(manager, a.starts)),
+        "baseline": summary(await asyncio.to_thread(bench_import_grpc, a.starts)),
+        "baseline_name": "spawn `python -I -c 'import grpc'` to exit",
+    }
+
+    # (c)
+    results["c_crash_to_reclaimed_ms"] = {
+        "figure": summary(await bench_crash_reclaim(manager, a.crashes)),
+        "baseline": summary(await bench_kill_floor(tmp, a.crashes)),
+        "baseline_name": "SIGKILL of an idle bare grpc.aio server to its pidfd readable",
+    }
+
+    # (h)
+    results["h_turn_overhead_ms"] = await bench_turn(manager, tmp, a.turns)
+
+    # (j), (k), (l)
+    results["docker"] = await bench_docker(manager, tmp, a)
+
+    # (e), (f)
+    for key, backend in (("e_exec_true_process_ms", "process"), ("f_exec_true_bwrap_ms", "bwrap")):
+        if backend not in launchers:
+            results[key] = {"skipped": bwrap_problem()}
+            continue
+        manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
+        figure, base, shell = [], [], []
+        block = max(a.execs // 10, 1)
+        for _ in range(10):
+            base += await bench_spawn_true(block, 20)
+            shell += await bench_spawn_true(block, 20, shell=True)
+            figure += await bench_exec_true(manager, f"bench-{backend}", block, 20)
+        results[key] = {
+            "figure": summary(figure),
+            "baseline": summary(base),
+            "baseline_name": "asyncio.create_subprocess_exec('/bin/true') + wait",
+            # For scale: what an unsandboxed exec tool does in-process.
+            "shell_spawn": summary(shell),
+            "shell_spawn_name": "asyncio.create_subprocess_shell('true') + wait",
+        }
+
+
+async def _bench_runs(a: Any, manager: SandboxManager, launchers: dict[str, Any], tmp: Path, results: dict[str, Any]) -> None:
+    """Figure (m), on each backend there is."""
+    for backend in ("process", "bwrap"):
+        key = f"m_subagent_run_{backend}_ms"
+        results[key] = await bench_subagent(manager, tmp, a.runs, backend) if backend in launchers else {"skipped": bwrap_problem()}
 
 
 async def main() -> None:
@@ -590,22 +661,16 @@ async def main() -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(manager.run(ready, stop, start_timeout=60, stop_timeout=10))
             await ready.wait()
-            if a.only == "m":
-                for backend in ("process", "bwrap"):
-                    key = f"m_subagent_run_{backend}_ms"
-                    results[key] = await bench_subagent(manager, tmp, a.runs, backend) if backend in launchers else {"skipped": bwrap_problem()}
-                stop.set()
-                return_early = True
-            else:
-                return_early = False
+            if a.only != "m":
                 await _all_in_manager(a, manager, launchers, tmp, echo_proc, echo_path, results)
-                stop.set()
+            await _bench_runs(a, manager, launchers, tmp, results)
+            stop.set()
     finally:
         echo_proc.kill()
         echo_proc.wait()
         manager.close()
         warden.close()
-    if return_early:
+    if a.only == "m":
         Path(a.out).write_text(json.dumps(results, indent=2))
         print_table(results)
         return
@@ -653,71 +718,3 @@ def print_table(r: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     asyncio.run(main())
-
-
-
-async def _all_in_manager(a: Any, manager: SandboxManager, launchers: dict[str, Any], tmp: Path, echo_proc: Any, echo_path: str, results: dict[str, Any]) -> None:
-    """Figures (a)-(f), (h), (j)-(m), in one running manager."""
-    # (a) interleave the two in blocks so that machine noise hits both alike
-    calls, base = [], []
-    block = max(a.calls // 10, 1)
-    for _ in range(10):
-        base += await bench_bare_echo(echo_path, block, 50)
-        calls += await bench_calls(manager, block, 50)
-    results["a_warm_call_ms"] = {"figure": summary(calls), "baseline": summary(base), "baseline_name": "bare grpc.aio unary echo, unix socket"}
-
-    # (d) idle USS, after the calls settled
-    await asyncio.sleep(1.0)
-    sb = manager.sandboxes["basics"]
-    assert sb.inc is not None
-    results["d_idle_uss_mib"] = {
-        "figure": uss(sb.inc.child.pid) / MiB,
-        "baseline": uss(echo_proc.pid) / MiB,
-        "baseline_name": "idle bare grpc.aio server child",
-    }
-
-    # (b)
-    results["b_cold_start_ms"] = {
-        "figure": summary(await bench_cold_start(manager, a.starts)),
-        "baseline": summary(await asyncio.to_thread(bench_import_grpc, a.starts)),
-        "baseline_name": "spawn `python -I -c 'import grpc'` to exit",
-    }
-
-    # (c)
-    results["c_crash_to_reclaimed_ms"] = {
-        "figure": summary(await bench_crash_reclaim(manager, a.crashes)),
-        "baseline": summary(await bench_kill_floor(tmp, a.crashes)),
-        "baseline_name": "SIGKILL of an idle bare grpc.aio server to its pidfd readable",
-    }
-
-    # (h)
-    results["h_turn_overhead_ms"] = await bench_turn(manager, tmp, a.turns)
-
-    # (m)
-    for backend in ("process", "bwrap"):
-        key = f"m_subagent_run_{backend}_ms"
-        results[key] = await bench_subagent(manager, tmp, a.runs, backend) if backend in launchers else {"skipped": bwrap_problem()}
-
-    # (j), (k), (l)
-    results["docker"] = await bench_docker(manager, tmp, a)
-
-    # (e), (f)
-    for key, backend in (("e_exec_true_process_ms", "process"), ("f_exec_true_bwrap_ms", "bwrap")):
-        if backend not in launchers:
-            results[key] = {"skipped": bwrap_problem()}
-            continue
-        manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
-        figure, base, shell = [], [], []
-        block = max(a.execs // 10, 1)
-        for _ in range(10):
-            base += await bench_spawn_true(block, 20)
-            shell += await bench_spawn_true(block, 20, shell=True)
-            figure += await bench_exec_true(manager, f"bench-{backend}", block, 20)
-        results[key] = {
-            "figure": summary(figure),
-            "baseline": summary(base),
-            "baseline_name": "asyncio.create_subprocess_exec('/bin/true') + wait",
-            # For scale: what an unsandboxed exec tool does in-process.
-            "shell_spawn": summary(shell),
-            "shell_spawn_name": "asyncio.create_subprocess_shell('true') + wait",
-        }
