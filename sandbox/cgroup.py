@@ -178,7 +178,10 @@ class CgroupRoot:
                 Cgroup(self.version, (d,)).kill_all()
                 with contextlib.suppress(OSError):
                     d.rmdir()
-            d.mkdir()
+            # The last incarnation's cgroup may still be busy with its dying tasks
+            # (a stop followed at once by a start): it is ours and emptied, so it is
+            # taken again, with its limits written afresh below.
+            d.mkdir(exist_ok=True)
             dirs.append(d)
             if self.version == 2:
                 (d / "pids.max").write_text(str(max_processes))
