@@ -30,9 +30,8 @@ from supervisor.config import AgentEntry, ClawsupConfig
 from supervisor.dispatcher import Answer, Progress
 from supervisor.errors import ClawsupError, ConfigError
 from supervisor.loop_detection import STOPPED, WARNING, LoopWatch
-from supervisor.providers import ModelReply, Provider, ProviderError, ToolSpec, TurnContext, Usage
+from supervisor.providers import ModelReply, Provider, ProviderError, TurnContext, Usage, tool_specs
 from supervisor.providers.offline import OfflineProvider
-from supervisor.registry import Kind
 from supervisor.routing import Route
 from supervisor.session_store import SessionStore
 from supervisor.subagents import SPAWN_TOOLS, Origin, Subagents
@@ -139,7 +138,7 @@ class AgentLoop:
         loops = LoopWatch(limits.loop_detection)
         for _ in range(limits.max_iterations):
             decision = self.policy_for(route, message)
-            specs = self._specs(decision)
+            specs = tool_specs(self.manager.registry, decision.tools)
             try:
                 reply: ModelReply = await provider.complete(ctx, messages, specs)
             except ProviderError as e:
@@ -186,14 +185,6 @@ class AgentLoop:
         except ClawsupError as e:
             return str(e), True
         return result.text, False
-
-    def _specs(self, decision: Decision) -> list[ToolSpec]:
-        out = []
-        for name in decision.tools:
-            reg = self.manager.registry.get(Kind.TOOL, name)
-            if reg is not None:
-                out.append(ToolSpec(name=reg.name, description=reg.description, schema=reg.input_schema))
-        return out
 
     def _history(self, key: str, message: InboundMessage) -> list[dict[str, Any]]:
         """The conversation up to this message, in conversation order. In the file a

@@ -45,7 +45,7 @@ from supervisor.config import ClawsupConfig
 from supervisor.errors import BadToolArguments, ClawsupError, SandboxDied
 from supervisor.lifecycle import RestartPolicy, SandboxState
 from supervisor.loop_detection import STOPPED, WARNING, LoopWatch
-from supervisor.providers import Provider, ProviderError, ToolSpec, TurnContext, Usage
+from supervisor.providers import Provider, ProviderError, TurnContext, Usage, tool_specs
 from supervisor.registry import CORE_OWNER, Kind, Registration, Registry
 from supervisor.routing import Route, RouteInput
 from supervisor.run_journal import RunJournal, origin_from, origin_json
@@ -165,6 +165,11 @@ class Run:
     def running(self) -> bool:
         return self.status == "running"
 
+    def caller(self) -> Caller:
+        """The run's identity for the tool policy: its parent's channel, sender and
+        owner, with its own agent and model."""
+        return replace(self.origin.caller, agent=self.agent_id, provider=self.model, subagent=True)
+
     def duration_s(self) -> float:
         return (self.t1 if self.t1 is not None else time.monotonic()) - self.t0
 
@@ -176,14 +181,10 @@ class Run:
     def stats(self) -> str:
         """The announce's statistics line: this run and every run it spawned."""
         runs = list(self.subtree())
-        ok = sum(1 for r in runs if r.status == "succeeded")
         tokens = Usage()
         for r in runs:
             tokens += r.usage
-        return (
-            f"stats: runs {len(runs)} ({ok} succeeded, {len(runs) - ok} failed) · duration {self.duration_s():.1f} s · "
-            f"tokens {tokens.input_tokens} in / {tokens.output_tokens} out"
-        )
+        return stats_line(len(runs), sum(1 for r in runs if r.status == "succeeded"), self.duration_s(), tokens)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -206,6 +207,18 @@ class Run:
             "tokensOut": self.usage.output_tokens,
             "children": [c.to_json() for c in self.children],
         }
+
+
+def report(run_id: str, label: str, status: str, agent_id: str, child_key: str, body: str, stats: str) -> str:
+    """The one message a run's parent gets: who, how it ended, what, and the cost."""
+    return f"[subagent run {run_id} {label!r} {status.replace('_', ' ')}] agent {agent_id}, session {child_key}\n{body}\n{stats}"
+
+
+def stats_line(runs: int, succeeded: int, duration_s: float, tokens: Usage) -> str:
+    return (
+        f"stats: runs {runs} ({succeeded} succeeded, {runs - succeeded} failed) · duration {duration_s:.1f} s · "
+        f"tokens {tokens.input_tokens} in / {tokens.output_tokens} out"
+    )
 
 
 def run_backends(cfg: ClawsupConfig, *, source: str) -> dict[str, str]:
@@ -481,11 +494,10 @@ class Subagents:
             run.reported.set()
 
     def _announce_text(self, run: Run) -> str:
-        head = f"[subagent run {run.run_id} {run.label!r} {run.status.replace('_', ' ')}] agent {run.agent_id}, session {run.child_key}"
         body = run.result or "(no result)"
         if run.reason:
             body = f"{run.reason}\n{run.result}" if run.result else run.reason
-        return f"{head}\n{body}\n{run.stats()}"
+        return report(run.run_id, run.label, run.status, run.agent_id, run.child_key, body, run.stats())
 
     async def _announce(self, run: Run, text: str) -> None:
         """One system message to the parent, and only to it. A session's report that
@@ -547,13 +559,8 @@ class Subagents:
             if isinstance(u, dict):
                 used += Usage(int(u.get("in", 0)), int(u.get("out", 0)))
         last = max((rec.get("ts", 0) for rec in records), default=0) or r.get("ts", 0)
-        return (
-            f"[subagent run {r['runId']} {r.get('label', r['runId'])!r} failed] agent {r.get('agentId')}, session {r['childKey']}\n"
-            f"the gateway stopped while the run was going (its supervisor was killed or crashed), and the run was lost with it; "
-            f"its session holds what it did\n"
-            f"stats: runs 1 (0 succeeded, 1 failed) · duration {max(0.0, last - r.get('ts', last)):.1f} s · "
-            f"tokens {used.input_tokens} in / {used.output_tokens} out"
-        )
+        body = "the gateway stopped while the run was going (its supervisor was killed or crashed), and the run was lost with it; its session holds what it did"
+        return report(r["runId"], r.get("label", r["runId"]), "failed", str(r.get("agentId")), r["childKey"], body, stats_line(1, 0, max(0.0, last - r.get("ts", last)), used))
 
     # -- what a run's sandbox may ask ------------------------------------------------
 
@@ -573,11 +580,9 @@ class Subagents:
         """The run's tool set now: its parent's, less what runs never get, under the
         run's own policy (the `subagent` layer included); the spawn tools only while
         another level is allowed."""
-        o = run.origin
-        caller = replace(o.caller, agent=run.agent_id, provider=run.model, subagent=True)
         a = self._agents.get(run.agent_id)
         available = {r.name: r.owner for r in self._manager.registry.tools()}
-        own = set(decide(self._policy, a.tools if a else None, caller, available).tools) & o.allowed
+        own = set(decide(self._policy, a.tools if a else None, run.caller(), available).tools) & run.origin.allowed
         tools = own - WITHHELD
         if run.depth < self.limits.max_spawn_depth:
             tools |= own & set(SPAWN_TOOLS)
@@ -596,11 +601,7 @@ class Subagents:
         if verdict == "warn":
             inserted.append({"role": "user", "text": WARNING, "warning": True})
         messages += inserted
-        specs = []
-        for name in sorted(self.tools_of(run)):
-            reg = self._manager.registry.get(Kind.TOOL, name)
-            if reg is not None:
-                specs.append(ToolSpec(name=reg.name, description=reg.description, schema=reg.input_schema))
+        specs = tool_specs(self._manager.registry, sorted(self.tools_of(run)))
         ctx = TurnContext(
             agent_id=run.agent_id,
             session_key=run.child_key,
@@ -616,8 +617,7 @@ class Subagents:
             raise ClawsupError(f"the model could not answer: {e}") from None
         run.usage += reply.usage
         calls = [{"id": c.id, "name": c.name, "args": c.args} for c in reply.tool_calls]
-        for m in inserted:
-            await self._store.append(run.child_key, {"role": "system", "text": m["text"], "ts": time.time()})
+        await self._record_inserted(run, inserted)
         await self._store.append(
             run.child_key,
             {"role": "assistant", "text": reply.text, "toolCalls": calls, "inReplyTo": run.run_id, "ts": time.time(), "usage": {"in": reply.usage.input_tokens, "out": reply.usage.output_tokens}},
@@ -635,7 +635,7 @@ class Subagents:
         else:
             try:
                 if name in SPAWN_TOOLS:
-                    me = Origin(session_key=run.child_key, agent_id=run.agent_id, caller=replace(run.origin.caller, agent=run.agent_id, subagent=True), allowed=tools, depth=run.depth, run=run)
+                    me = Origin(session_key=run.child_key, agent_id=run.agent_id, caller=run.caller(), allowed=tools, depth=run.depth, run=run)
                     content = await self.call(name, args, me)
                 else:
                     result = await self._manager.invoke(name, args, agent=run.agent_id, session=run.child_key, workspace=run.workspace)
@@ -653,9 +653,14 @@ class Subagents:
         rest = []
         while not run.inbox.empty():
             rest.append(run.inbox.get_nowait())
-        for m in (first, *rest):
-            await self._store.append(run.child_key, {"role": "system", "text": m["text"], "ts": time.time()})
+        await self._record_inserted(run, [first, *rest])
         return {"announces": [first, *rest]}
+
+    async def _record_inserted(self, run: Run, messages: list[dict[str, Any]]) -> None:
+        """What the supervisor put in the run's conversation (its children's
+        reports, a loop warning) goes in its session too."""
+        for m in messages:
+            await self._store.append(run.child_key, {"role": "system", "text": m["text"], "ts": time.time()})
 
 
 class _ToolCall(BaseModel):

@@ -10,11 +10,12 @@ Neutral messages:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from supervisor.errors import ClawsupError
+from supervisor.registry import Kind, Registry
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,16 @@ class ToolSpec:
     name: str
     description: str
     schema: dict[str, Any]
+
+
+def tool_specs(registry: Registry, names: Iterable[str]) -> list[ToolSpec]:
+    """What the model is shown of `names`: those still registered, in that order."""
+    out = []
+    for name in names:
+        reg = registry.get(Kind.TOOL, name)
+        if reg is not None:
+            out.append(ToolSpec(name=reg.name, description=reg.description, schema=reg.input_schema))
+    return out
 
 
 @dataclass(frozen=True)
