@@ -28,6 +28,12 @@ class Limits:
     max_open_files: int = 256
     max_file_size_bytes: int = 64 * MiB
     cpus: float = 1.0
+    workspace_bytes: int = 1024 * MiB
+    """The most the workspace may hold (`maxWorkspaceMb`); past it the supervisor
+    kills the sandbox, reported like a memory kill (`disk limit`)."""
+    tmp_bytes: int = 64 * MiB
+    """The size of the private /tmp and of /dev/shm, each (`tmpMb`), where the
+    backend gives the child its own (bwrap, docker)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,17 @@ class LaunchSpec:
     network: bool = True
     """Whether the child may reach the network; only backends with a network
     namespace (bwrap, docker) can take it away."""
+    trusted: bool = False
+    """The operator's word (`plugins.entries.<id>.trust`); only trusted code may run
+    on the `process` backend."""
+    protected_paths: tuple[str, ...] = ()
+    """Workspace-relative paths that make the host run code later (`.git/hooks`,
+    `.git/config`, rc files): read-only to the child where the backend can do that,
+    and refused by the file tools (`sandbox.protectedPaths`)."""
+    private_dir: Path | None = None
+    """A directory only the supervisor writes (`<state>/sandboxes/<id>/private`), for
+    what it hands the child (the docker start gate); a launcher may mount it
+    read-only into the child. Never a folder the child can write."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,6 +78,7 @@ class SandboxManager:
                 workspace=workspace or self._paths.sandboxes / plan.sandbox_id / "workspace",
                 run_dir=self._sockets / plan.sandbox_id,
                 operator_workspace=workspace is not None,
+                private=self._paths.sandboxes / plan.sandbox_id / "private",
             ),
             log=log,
             env=self._env,

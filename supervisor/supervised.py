@@ -82,6 +82,11 @@ class SandboxPlan:
     network: bool = True
     workspace_tools: dict[str, Any] = field(default_factory=dict)
     """For `workspace`: handed to the host on its gate (shell, kill grace, read cap)."""
+    trusted: bool = False
+    """The operator's `trust` for this plugin; workspace and subagent sandboxes run
+    model-written commands and are never trusted."""
+    protected_paths: tuple[str, ...] = ()
+    """Workspace-relative paths read-only to the child (see LaunchSpec)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +97,9 @@ class SandboxDirs:
     """The 0700 directory of the child's socket."""
     operator_workspace: bool = False
     """The workspace is a folder the operator named: not chmodded, no .tmp in it."""
+    private: Path | None = None
+    """`<state>/sandboxes/<id>/private`: written by the supervisor only (see
+    LaunchSpec.private_dir)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,6 +328,14 @@ class SupervisedSandbox:
             stderr_tail=list(self.log.stderr_tail)[-5:],
         )
 
+    def _private_dir(self) -> Path | None:
+        d = self._dirs.private
+        if d is None:
+            return None
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o711)
+        return d
+
     async def _launch(self) -> Child:
         env = dict(self._env)
         if self._dirs.operator_workspace:
@@ -345,6 +361,9 @@ class SupervisedSandbox:
             limits=self.plan.limits,
             env=env,
             network=self.plan.network,
+            trusted=self.plan.trusted,
+            protected_paths=self.plan.protected_paths,
+            private_dir=self._private_dir(),
             gate=GatePayload(
                 sandbox_id=self.id,
                 supervisor_token=supervisor_token,
