@@ -7,12 +7,19 @@ never a common harmless command. Anything it misses (`$(echo rm) -rf /`, a Pytho
 one-liner) meets the sandbox, which is the real wall (tests/test_exec_containment.py).
 
 Matching runs on a normalised command, not on the raw text: quotes and backslash
-escapes are removed from words, whitespace is collapsed, and the command is cut into
-simple commands at `;`, `&&`, `||`, `&`, `|`, newlines and parentheses. `$(…)`,
-backticks, `<(…)`, `eval` and `sh -c`/`bash -c` strings are screened as commands of
-their own. Wrappers (`sudo`, `env`, `nice`, `timeout`, `xargs`, `VAR=value`, a path
-before the command name…) are peeled off, so that a rule can anchor on the command
-word and `echo reboot` or `grep -r "rm -rf /" docs` stay allowed.
+escapes are removed from words (`$'\x72m'` is decoded), bash brace expansion
+(`{rm,-rf,/}`) and `$IFS` are applied, whitespace is collapsed, and the command is cut
+into simple commands at `;`, `&&`, `||`, `&`, `|`, newlines and unquoted parentheses,
+whether or not they touch a word, as the shell cuts them: `(reboot)` and
+`true&&(rm -rf /)` are screened as `reboot` and `rm -rf /`. `$(…)`, backticks, `<(…)`,
+`eval` and `sh -c`/`bash -c` strings are screened as commands of their own. Wrappers
+(`sudo`, `env`, `nice`, `timeout`, `xargs`, `VAR=value`, a path before the command
+name…) are peeled off, so that a rule can anchor on the command word and `echo reboot`
+or `grep -r "rm -rf /" docs` stay allowed. Then every path argument is normalised
+lexically (`.`, `..`, repeated and trailing slashes; in `of=PATH` and `>PATH` too), so
+that `rm -rf /tmp/../` is matched as `rm -rf /` and `rm -rf ./build/../dist` as
+`rm -rf dist`. A refusal names that normalised command. A quoted string is one word and
+is not a command: `echo "(rm -rf /)"` passes.
 
 Created from config by the gateway (and by `clawsup exec check|run`); immutable.
 """
@@ -25,6 +32,12 @@ from dataclasses import dataclass, field
 
 MAX_DEPTH = 8
 """How deep `sh -c "sh -c '…'"` nesting is followed; deeper is refused outright."""
+MAX_EXPANSION = 1024
+"""How many words, finished or not, one word's brace expansion may make (`{a,b}{a,b}…`
+doubles each time); more is refused outright rather than screened in part."""
+MAX_EXPANSION_CHARS = 1 << 20
+"""How many characters those words may hold in all, so a long word with a few braces
+cannot make the screen itself slow."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +55,13 @@ def _r(name: str, pattern: str, on: str = "command") -> Rule:
 
 
 _SHELLS = r"(?:sh|bash|dash|zsh|ksh|mksh|ash|busybox\s+sh)"
-_ROOTISH = r"(?:/+|/+\*|/+\.\.?/?\*?|~/?\*?|\$HOME/?\*?|\$\{HOME\}/?\*?|\.\./?\*?)"
+# Targets are matched after path normalisation (`/tmp/..` is `/`, `~/` is `~`); the
+# raw spellings stay for rules an operator adds. `/*/*` and `/???` reach every
+# top-level folder as surely as `/*`; `~/..` and `../..` climb out of what they name,
+# and `~bob` is a whole home as much as `~` is.
+_SLASH_ROOT = r"(?:/+(?:[*?]+(?:/+[*?]+)*)?/*)"
+_HOME = r"(?:~[\w.-]*|\$HOME|\$\{HOME\})"
+_ROOTISH = rf"(?:{_SLASH_ROOT}|/+\.\.?/?\*?|{_HOME}(?:/+\.\.)*/?\*?|(?:\.\./+)*\.\./?\*?)"
 
 DEFAULT_RULES: tuple[Rule, ...] = (
     # rm with a recursive flag anywhere and a root-like target anywhere.
@@ -55,13 +74,14 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     _r("write-block-device", r"^(?:shred|blkdiscard)\s(?:.*\s)?/dev/(?:sd|hd|vd|xvd|nvme|mmcblk|dm-|loop|md|disk/|mapper/)"),
     # `:(){ :|:& };:` and its renamings: a function that pipes itself into itself in
     # the background. Matched on the whole text, since cutting at `|` and `;` would
-    # take the shape apart.
-    _r("fork-bomb", r"([\w:.]+)\s*\(\)\s*\{[^}]*\1\s*\|\s*\1\s*&", on="text"),
+    # take the shape apart. The name is a whole run and the body is bounded, so that
+    # a 100 kB command cannot make the search quadratic (a stalled supervisor).
+    _r("fork-bomb", r"(?<![\w:.])([\w:.]++)\s*\(\)\s*\{[^}]{0,256}?\1\s*\|\s*\1\s*&", on="text"),
     _r("fork-bomb", r"\bfork\s+while\s+fork\b|\bwhile\s*\(?\s*(?:1|true|True)\s*\)?\s*:?\s*os\.fork\(\)", on="text"),
     _r("power-off", r"^(?:shutdown|reboot|halt|poweroff)(?:\s|$)"),
     _r("power-off", r"^(?:systemctl|loginctl)\s+(?:\S+\s+)*?(?:poweroff|reboot|halt|kexec)(?:\s|$)"),
     _r("power-off", r"^(?:init|telinit)\s+[06](?:\s|$)"),
-    _r("recursive-chmod-root", r"^(?:chmod|chown|chgrp)(?=(?:\s+\S+)*?\s+(?:-[a-zA-Z]*R[a-zA-Z]*|--recursive)(?:\s|$))(?=(?:\s+\S+)*?\s+/+\*?(?:\s|$))"),
+    _r("recursive-chmod-root", rf"^(?:chmod|chown|chgrp)(?=(?:\s+\S+)*?\s+(?:-[a-zA-Z]*R[a-zA-Z]*|--recursive)(?:\s|$))(?=(?:\s+\S+)*?\s+{_SLASH_ROOT}(?:\s|$))"),
     _r("download-into-shell", rf"^(?:curl|wget|fetch)\s.*\|\s*{_SHELLS}(?:\s|$)", on="pipeline"),
     _r("download-into-shell", rf"^(?:curl|wget|fetch)\s.*\|\s*(?:python[\d.]*|perl|ruby|node)(?:\s+-)?\s*$", on="pipeline"),
     _r("download-into-shell", rf"(?:^|\s){_SHELLS}\s+(?:-\S+\s+)*(?:<\(|\$\(|`)\s*(?:curl|wget|fetch)\s"),
@@ -129,6 +149,8 @@ class ExecScreen:
             parsed = parse(command)
         except _TooDeep:
             return Verdict(False, "nesting-too-deep", command.strip()[:200])
+        except _TooLarge:
+            return Verdict(False, "expansion-too-large", command.strip()[:200])
         for text in parsed.texts:
             for rule in self.rules:
                 if rule.on == "text" and rule.pattern.search(text):
@@ -154,6 +176,10 @@ class ExecScreen:
 
 
 class _TooDeep(Exception):
+    pass
+
+
+class _TooLarge(Exception):
     pass
 
 
@@ -184,8 +210,9 @@ def _parse_into(command: str, out: Parsed, depth: int) -> None:
             words = _peel(words)
             if not words:
                 continue
-            cmds.append(" ".join(words))
-            # What a shell or eval would run is screened as a command of its own.
+            cmds.append(" ".join([words[0], *map(_normalise_word, words[1:])]))
+            # What a shell or eval would run is screened as a command of its own
+            # (from the words as written: a command string is not a path).
             for inner in _inner_commands(words):
                 _parse_into(inner, out, depth + 1)
         if cmds:
@@ -208,7 +235,7 @@ def _tokenize(s: str) -> tuple[list[list[list[str]]], list[str], str]:
     def end_word() -> None:
         nonlocal word
         if word is not None:
-            words.append("".join(word))
+            words.extend(_expand_braces("".join(word)))
             word = None
 
     def end_command() -> None:
@@ -287,7 +314,9 @@ def _tokenize(s: str) -> tuple[list[list[list[str]]], list[str], str]:
                 i += 1
                 if i < n and s[i] == "&":
                     i += 1
-        elif c in "()" and word is None:
+        elif c in "()":
+            # Unquoted, a parenthesis is an operator even where it touches a word:
+            # `(reboot)` runs `reboot`. (`$(`, `<(` and `>(` never get here.)
             end_pipeline()
             i += 1
         elif c == "#" and word is None:
@@ -327,12 +356,142 @@ def _tokenize(s: str) -> tuple[list[list[list[str]]], list[str], str]:
             j = take_sub(i)
             word.append(s[i:j])
             i = j
+        elif s.startswith("$'", i):
+            word = word if word is not None else []
+            j = i + 2
+            while j < n and s[j] != "'":
+                j += 2 if s[j] == "\\" else 1
+            word.append(_ansi_c(s[i + 2 : j]))
+            i = j + 1
+        elif s.startswith('$"', i):
+            i += 1  # a translated string: a double-quoted one for screening
+        elif (m := _IFS.match(s, i)) is not None:
+            end_word()  # unquoted, it splits the word
+            i = m.end()
+        elif (m := _PARAM.match(s, i)) is not None:
+            # A plain parameter expansion, kept whole: its braces and commas
+            # (`${x,,}`) are not brace expansion. One that holds a substitution
+            # (`${x:-$(reboot)}`) is read char by char, so that it is screened.
+            word = word if word is not None else []
+            word.append(m.group())
+            i = m.end()
         else:
             word = word if word is not None else []
-            word.append(c)
+            word.append(_BRACE_MARK.get(c, c))
             i += 1
     end_pipeline()
     return pipelines, nested, _flatten(s)
+
+
+_IFS = re.compile(r"\$(?:\{IFS\}|IFS(?![A-Za-z0-9_]))")
+_PARAM = re.compile(r"\$\{[^{}$`'\"()\s]*\}")
+# Unquoted `{`, `,` and `}` are marked while a word is read, so that brace expansion
+# applies to them and not to quoted ones; marks left over are put back as written.
+_OPEN, _COMMA, _CLOSE = "\ue000", "\ue001", "\ue002"
+_BRACE_MARK = {"{": _OPEN, ",": _COMMA, "}": _CLOSE}
+_UNMARK = str.maketrans({_OPEN: "{", _COMMA: ",", _CLOSE: "}"})
+
+
+def _expand_braces(word: str) -> list[str]:
+    """bash's `{a,b}` expansion (not `{1..3}`): `{rm,-rf,/}` is three words, `/{tmp/..,}`
+    two. sh does not expand, so this only ever screens more than sh runs."""
+    if _OPEN not in word:
+        return [word]
+    done: list[str] = []
+    todo = [word]
+    made = chars = 0
+    while todo:
+        w = todo.pop()
+        found = _brace_pair(w)
+        if found is None:
+            if w:  # bash drops an empty result: `sh -c {,} 'reboot'` is `sh -c reboot`
+                done.append(w.translate(_UNMARK))
+            continue
+        start, commas, end = found
+        cuts = [start, *commas, end]
+        new = [w[:start] + w[a + 1 : b] + w[end + 1 :] for a, b in zip(cuts, cuts[1:])]
+        made += len(new)
+        chars += sum(map(len, new))
+        if made > MAX_EXPANSION or chars > MAX_EXPANSION_CHARS:
+            raise _TooLarge
+        todo += new[::-1]
+    return done
+
+
+def _brace_pair(w: str) -> tuple[int, list[int], int] | None:
+    """The leftmost marked `{…}` with a comma at its own level: (open, commas, close).
+    One pass: a word of many braces costs no more than its length."""
+    stack: list[tuple[int, list[int]]] = []
+    best = None
+    for j, c in enumerate(w):
+        if c == _OPEN:
+            stack.append((j, []))
+        elif c == _COMMA and stack:
+            stack[-1][1].append(j)
+        elif c == _CLOSE and stack:
+            start, commas = stack.pop()
+            if commas and (best is None or start < best[0]):
+                best = (start, commas, j)
+    return best
+
+
+_ANSI_C = re.compile(r"\\(x[0-9a-fA-F]{1,2}|u[0-9a-fA-F]{1,4}|U[0-9a-fA-F]{1,8}|[0-7]{1,3}|c.|.)", re.S)
+_ANSI_C_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def _ansi_c(body: str) -> str:
+    """The text of bash's `$'…'` string: `$'\x72\155'` is `rm`."""
+
+    def one(m: re.Match[str]) -> str:
+        e = m.group(1)
+        if e[0] in "xuU" and len(e) > 1:
+            return chr(min(int(e[1:], 16), 0x10FFFF))
+        if e[0] in "01234567":
+            return chr(int(e, 8) & 0xFF)
+        if e[0] == "c" and len(e) == 2:
+            return chr(ord(e[1].upper()) & 0x1F)
+        return _ANSI_C_SIMPLE.get(e, e)
+
+    return _ANSI_C.sub(one, body)
+
+
+_PATH_PREFIX = re.compile(r"^(?:\d*[<>]+[|&]?|&>>?|--?[\w-]+=|[A-Za-z_]\w*=)")
+_PATH_ANCHOR = re.compile(r"^(?:/+|(?:~[\w.-]*|\$\{?\w+\}?)(?=/|$))")
+
+
+def _normalise_word(word: str) -> str:
+    """A path argument, lexically normalised; any other word as it is. Also the path
+    in `of=PATH`, `--opt=PATH` and a redirection `>PATH`."""
+    if any(c.isspace() for c in word) or "://" in word or "$(" in word or "`" in word:
+        return word  # a sentence, a URL or a substitution: not a path to normalise
+    m = _PATH_PREFIX.match(word)
+    head, path = (word[: m.end()], word[m.end() :]) if m else ("", word)
+    if path.startswith("-") or ("/" not in path and path not in (".", "..")):
+        return word
+    return head + _normalise_path(path)
+
+
+def _normalise_path(path: str) -> str:
+    """`.`, `..` and repeated and trailing slashes resolved without the filesystem.
+    `..` climbs a component but not an anchor: `/..` is `/`; `~/..`, `$HOME/..` and
+    `../..` stay, since they do climb out of what they name."""
+    m = _PATH_ANCHOR.match(path)
+    anchor = "" if m is None else "/" if m.group().startswith("/") else m.group()
+    parts: list[str] = []
+    for part in path[m.end() if m else 0 :].split("/"):
+        if part in ("", "."):
+            continue
+        if part != "..":
+            parts.append(part)
+        elif parts and parts[-1] != "..":
+            parts.pop()
+        elif anchor != "/":
+            parts.append("..")
+    if anchor == "/":
+        return "/" + "/".join(parts)
+    if anchor:
+        return "/".join([anchor, *parts])
+    return "/".join(parts) or "."
 
 
 def _flatten(s: str) -> str:
@@ -349,7 +508,8 @@ def _peel(words: list[str]) -> list[str]:
         if w in _PREFIX_ONLY or _ASSIGNMENT.match(w):
             i += 1
             continue
-        name = w.rsplit("/", 1)[-1] if "/" in w and not w.endswith("/") else w
+        is_path = "/" in w and not w.endswith("/") and "$(" not in w and "`" not in w
+        name = w.rsplit("/", 1)[-1] if is_path else w
         if name in _WRAPPERS:
             takes = _WRAPPERS[name]
             i += 1
