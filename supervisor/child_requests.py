@@ -39,8 +39,12 @@ def _log(who: Requester, payload: dict[str, Any]) -> dict[str, Any]:
     if level not in LOG_LEVELS:
         raise ValueError(f"log level must be one of {sorted(LOG_LEVELS)}, not {level!r}")
     message = str(payload.get("message", ""))[:MAX_LOG_MESSAGE]
-    for line in message.splitlines() or [""]:
-        who.log.write("plugin", f"{level.upper()} {line}")
+    # A message of several lines becomes several log lines, each tagged; any other
+    # line break or control character (a CR, U+2028) is shown escaped by the log,
+    # so that the plugin cannot pass one of its lines off as the supervisor's.
+    for line in message.removesuffix("\n").split("\n"):
+        text = line.removesuffix("\r")  # a CRLF ending is no forgery
+        who.log.write("plugin", f"{level.upper()} {text}")
     who.log.flush()
     return {}
 

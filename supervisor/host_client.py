@@ -3,11 +3,18 @@
 Protobuf types stop here: callers get dataclasses. Every call carries a deadline and
 the supervisor's token, and every answer must carry the host's token
 (see proto/clawsup/v1/host.proto for why there are two).
+
+Whatever a host sends is bounded here, on the supervisor's side, because a host runs
+the model's commands and a plugin's code under the same uid and may have been taken
+over by either: no message may pass `MAX_MESSAGE_BYTES` (a bigger one is refused as
+`AnswerTooLarge`), and an exec stream holds the configured output cap whatever the
+host does with it (`ExecOutputBound`). Tests: tests/test_hostile_output.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +27,18 @@ from clawsup.v1 import host_pb2_grpc as pb_grpc
 from sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY
 
 _KIND_NAMES = {v: k.lower() for k, v in pb.ToolFailure.Kind.items()}
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""The largest message the supervisor takes from a host: a tool result, a Describe
+answer, one exec chunk, one request on the child's stream. 4 MiB is a million tokens
+or so, far past what a model can use; a Describe answer holds a plugin's tools, each
+within supervisor/registry.py's caps. A flood of messages this size costs the
+supervisor some ten of them at once in gRPC's and Python's buffers
+(tests/test_hostile_output.py measures it under 64 MiB)."""
+
+MARKER_ALLOWANCE = 128
+"""Room for the host's own omission marker in the tail (sandbox/host/exec_runner.py
+OutputCap writes about 50 bytes), so that an honest host's output passes as sent."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +77,89 @@ class ExecResult:
     error: str = ""
 
 
-class HostAuthError(Exception):
+class HostMisbehaved(Exception):
+    """The host's answer breaks the protocol; `kind` names how, for `ToolFailed`."""
+
+    kind = "protocol"
+
+
+class HostAuthError(HostMisbehaved):
     """The answer did not carry the host's token: whatever answered is not our child."""
+
+    kind = "auth"
+
+
+class AnswerTooLarge(HostMisbehaved):
+    """A message from the host passed `MAX_MESSAGE_BYTES`; it was refused unread."""
+
+    kind = "too_large"
+
+    def __init__(self, what: str, size: int | None) -> None:
+        self.what = what
+        self.size = size
+        sent = f" sent {size} bytes as" if size is not None else " sent"
+        super().__init__(
+            f"the sandbox{sent} {what}, more than the {MAX_MESSAGE_BYTES // 2**20} MiB the supervisor takes in one message; "
+            "it was refused. A tool should return less and leave bulk data in a file of its workspace"
+        )
+
+
+_TOO_LARGE = re.compile(r"larger than max \((\d+) vs")
+
+
+def _too_large(e: grpc.aio.AioRpcError, what: str) -> AnswerTooLarge | None:
+    """gRPC's refusal of an oversized message, as an error that says so; None for
+    any other failure."""
+    if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    m = _TOO_LARGE.search(e.details() or "")
+    return AnswerTooLarge(what, int(m.group(1)) if m else None)
+
+
+class ExecOutputBound:
+    """The exec output cap, held again on the supervisor's side. An honest host
+    already keeps at most `cap` bytes: the head as it comes, then a marker and the
+    tail (sandbox/host/exec_runner.py OutputCap). A hijacked one may send anything,
+    and a flood must cost the supervisor no more than the cap. Same shape here: the
+    head passes at once, the rest goes through a ring released at the end, after a
+    marker of our own if anything was dropped. The ring has room for the host's
+    marker, so an honest host's output passes unchanged.
+
+    One per exec stream, owned by `HostClient.exec_events`."""
+
+    def __init__(self, cap: int) -> None:
+        cap = max(cap, 2)
+        self.cap = cap
+        self.head_left = cap - cap // 2
+        self.ring_size = cap // 2 + MARKER_ALLOWANCE
+        self.ring = bytearray()
+        self.received = 0
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> bytes:
+        """What may be passed on now; the rest is kept or dropped."""
+        self.received += len(data)
+        now = b""
+        if self.head_left:
+            now, data = data[: self.head_left], data[self.head_left :]
+            self.head_left -= len(now)
+        if data:
+            if len(data) >= self.ring_size:
+                self.dropped += len(self.ring) + len(data) - self.ring_size
+                self.ring = bytearray(data[-self.ring_size :])
+            else:
+                self.ring += data
+                excess = len(self.ring) - self.ring_size
+                if excess > 0:
+                    del self.ring[:excess]
+                    self.dropped += excess
+        return now
+
+    def finish(self) -> bytes:
+        if not self.dropped:
+            return bytes(self.ring)
+        marker = f"\n[... {self.dropped} bytes omitted by the supervisor: the sandbox sent more than the {self.cap} byte cap ...]\n"
+        return marker.encode() + bytes(self.ring)
 
 
 class HostClient:
@@ -73,13 +173,22 @@ class HostClient:
                 # fast rather than sit in gRPC's default 1 s reconnect backoff.
                 ("grpc.initial_reconnect_backoff_ms", 50),
                 ("grpc.max_reconnect_backoff_ms", 500),
-                ("grpc.max_receive_message_length", 32 * 1024 * 1024),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ],
         )
         self._stub = pb_grpc.HostStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self._md = ((TOKEN_METADATA_KEY, supervisor_token),)
         self._host_token = host_token
+
+    @staticmethod
+    async def _answer(call: Any, what: str) -> Any:
+        try:
+            return await call
+        except grpc.aio.AioRpcError as e:
+            if (big := _too_large(e, what)) is not None:
+                raise big from None
+            raise
 
     async def _check_host(self, call: Any, *, trailing: bool = True) -> None:
         """Unary answers carry the host token in trailing metadata, the stream in its
@@ -96,7 +205,7 @@ class HostClient:
 
     async def describe(self, timeout: float) -> Description:
         call = self._stub.Describe(pb.DescribeRequest(), timeout=timeout, metadata=self._md)
-        resp = await call
+        resp = await self._answer(call, "its Describe answer")
         await self._check_host(call)
         tools = []
         for t in resp.tools:
@@ -115,7 +224,7 @@ class HostClient:
         return self._stub.InvokeTool(req, timeout=timeout + margin, metadata=self._md)
 
     async def outcome(self, call: Any) -> ToolOutcome:
-        resp = await call
+        resp = await self._answer(call, "a tool's answer")
         await self._check_host(call)
         if resp.WhichOneof("outcome") == "error":
             e = resp.error
@@ -131,35 +240,51 @@ class HostClient:
         )
         return self._stub.Exec(req, timeout=timeout + margin, metadata=self._md)
 
-    async def exec_events(self, call: Any) -> AsyncIterator[bytes | ExecResult]:
+    async def exec_events(self, call: Any, output_cap: int) -> AsyncIterator[bytes | ExecResult]:
         """The output chunks, then the result; nothing before the host's token, which
-        rides in the first event (see host.proto)."""
+        rides in the first event (see host.proto). At most `output_cap` bytes of
+        output come out, plus a marker, whatever the host sends (`ExecOutputBound`);
+        anything after the result is read and dropped, so that the stream ends
+        cleanly."""
+        bound = ExecOutputBound(output_cap)
         first = True
-        async for ev in call:
-            if first:
-                if ev.host_token != self._host_token:
-                    raise HostAuthError("the host's answer lacks its token; refusing it")
-                first = False
-            if ev.WhichOneof("event") == "output":
-                yield ev.output
-            else:
+        done = False
+        try:
+            async for ev in call:
+                if first:
+                    if ev.host_token != self._host_token:
+                        raise HostAuthError("the host's answer lacks its token; refusing it")
+                    first = False
+                if done:
+                    continue
+                if ev.WhichOneof("event") == "output":
+                    if now := bound.feed(ev.output):
+                        yield now
+                    continue
+                done = True
+                if tail := bound.finish():
+                    yield tail
                 r = ev.result
                 yield ExecResult(
                     exit_code=r.exit_code if r.HasField("exit_code") else None,
                     signal=r.signal if r.HasField("signal") else None,
                     timed_out=r.timed_out,
-                    truncated=r.truncated,
+                    truncated=r.truncated or bound.dropped > 0,
                     duration_s=r.duration_s,
-                    output_bytes=r.output_bytes,
+                    output_bytes=max(r.output_bytes, bound.received),
                     error=r.error,
                 )
+        except grpc.aio.AioRpcError as e:
+            if (big := _too_large(e, "a chunk of exec output")) is not None:
+                raise big from None
+            raise
 
     def run_agent(self, run_id: str, task: str, max_iterations: int, timeout: float) -> Any:
         req = pb.RunAgentRequest(run_id=run_id, task=task, max_iterations=max_iterations)
         return self._stub.RunAgent(req, timeout=timeout, metadata=self._md)
 
     async def run_outcome(self, call: Any) -> tuple[str, str]:
-        resp = await call
+        resp = await self._answer(call, "a subagent run's answer")
         await self._check_host(call)
         return resp.text, resp.error
 

@@ -5,6 +5,10 @@ Created by the manager with the sandbox; lives as long as the supervisor (the lo
 outlives each incarnation of the child, which is the point). Memory stays bounded
 however the child writes: lines are cut at `max_line` bytes, and lines past the
 sandbox's byte budget are counted and dropped rather than queued.
+
+Every line is written through `printable` (supervisor/printable.py): what the child
+wrote can neither start a line of its own nor reach the terminal of whoever reads the
+log. Escaping makes a cut line at most six times `max_line` characters.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections import deque
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+
+from supervisor.printable import printable
 
 MAX_LINE = 16 * 1024
 ROTATE_BYTES = 5 * 1024 * 1024
@@ -77,7 +83,9 @@ class SandboxLog:
 
     def write(self, stream: str, text: str, *, cut: bool = False) -> None:
         """Append one line. `stream` is stdout, stderr or clawsup (our own events,
-        which are never dropped)."""
+        which are never dropped). `text` is escaped here, whoever wrote it: our own
+        events quote the child too (tool names, refusal reasons)."""
+        text = printable(text)
         if stream == "stderr":
             self.stderr_tail.append(text)
         if stream != "clawsup" and not self._within_budget(len(text)):
@@ -154,5 +162,9 @@ def tail_lines(path: Path, n: int) -> list[str]:
             pos -= step
             f.seek(pos)
             data = f.read(step) + data
-    lines = data.decode("utf-8", "replace").splitlines()
+    # On "\n" alone, as the log was written: splitlines() would also break on the
+    # separators a child may have left in a file written before escaping.
+    lines = data.decode("utf-8", "replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     return lines[-n:]
