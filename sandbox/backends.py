@@ -31,5 +31,5 @@ def make_launcher(name: str, *, cgroups: CgroupRoot | None, state_dir: Path, war
     if name == "docker":
         from sandbox.container import DockerLauncher
 
-        return DockerLauncher(state_dir)
+        return DockerLauncher(state_dir, warden)
     return ProcessLauncher(cgroups, warden)
