@@ -2,10 +2,25 @@
 
 What the child gets: pid, ipc, uts and cgroup namespaces, and a network namespace
 unless it asked for the network; a root of its own in which the system directories
-(/usr and its links) and the Python runtime are read-only, the workspace is bound
-read-write at /workspace, /tmp is private, /proc is fresh (it shows the sandbox's own
-processes only) and /dev is minimal; a cleared environment plus the allowlist;
-`--new-session` (no TIOCSTI into our terminal) and `--die-with-parent`.
+(/usr and its links) and the host runtime are read-only, the workspace is bound
+read-write at /workspace with its protected paths read-only over it, /proc is fresh
+(it shows the sandbox's own processes only) and /dev is minimal; a cleared
+environment plus the allowlist; `--new-session` (no TIOCSTI into our terminal) and
+`--die-with-parent`. bwrap itself sets no_new_privs, so no setuid binary works
+inside.
+
+The host runtime is exactly what `python -I -m sandbox.host` imports, read-only at
+its own paths (`runtime_paths`): the interpreter (its bin folder, libpython, a
+venv's pyvenv.cfg), the standard library and site-packages, and of clawsup only the
+two packages the host imports, `sandbox` and `clawsup` (the wire protocol). For an
+editable install those two live in the project checkout; only they are bound, never
+the checkout, the operator's home or the state directory (whose sandbox folders,
+the workspace and the socket folder, are the only parts bound).
+tests/test_sandbox_walls.py puts sentinels in the checkout and the home.
+
+/tmp and /dev/shm are the sandbox's own: size-limited tmpfs (`Limits.tmp_bytes`
+each; see `_tmpfs_takes_size` for an older bwrap), mode 1777 so that the child's own
+uid can write them, gone when the sandbox ends.
 
 Who it runs as. As an ordinary user, bwrap also takes a user namespace and the child
 runs as that user, without capabilities. As root, a user namespace would map the
@@ -13,7 +28,11 @@ child back onto root, so instead bwrap keeps only CAP_SETUID/CAP_SETGID and the
 child drops to its own unprivileged uid (sandbox/host/__main__.py) before it loads
 anything, which leaves it no capability at all and a uid that owns nothing outside
 its workspace. (Unlike the process backend, this works when the interpreter lives
-under a 0700 home: inside, the interpreter is bound at its path with open parents.)
+under a 0700 home: inside, the runtime is bound at its paths with open parents.)
+
+Protected paths (sandbox/protected.py) are mounted from descriptors (`--ro-bind-fd`)
+that were opened without following any symlink, so no name the child planted can
+redirect a mount.
 
 Everything else (start gate, cgroup, rlimits, warden, pidfd, death diagnosis) is the
 process backend's. bwrap forks, so the cgroup is joined by a shell that then execs
@@ -22,6 +41,7 @@ bwrap, rather than from outside after the fact.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -29,12 +49,14 @@ import signal
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import psutil
 
 from sandbox.cgroup import Cgroup, CgroupRoot
-from sandbox.launcher import ExitStatus, LaunchSpec
+from sandbox import protected
+from sandbox.launcher import Child, ExitStatus, LaunchSpec
 from sandbox.process import ProcessChild, ProcessLauncher, Warden
 
 WORKSPACE = "/workspace"
@@ -74,6 +96,8 @@ def bwrap_problem() -> str:
 class BwrapChild(ProcessChild):
     """The pid we hold is bwrap's; the host is its grandchild, in its own session
     inside the sandbox (--new-session)."""
+
+    _private_scratch = True
 
     def signal_group(self, sig: int) -> None:
         # A polite signal must reach the host, as under the process backend: sent
@@ -121,7 +145,21 @@ class BwrapLauncher(ProcessLauncher):
         if exe is None:
             raise RuntimeError(bwrap_problem())
         self._bwrap = exe
+        self._mounts = protected.Mounts([])
+        self._one_launch = asyncio.Lock()
         super().__init__(cgroups, warden)
+
+    async def launch(self, spec: LaunchSpec) -> Child:
+        # The protected paths are walked now, while no child of this sandbox runs, and
+        # their descriptors handed to bwrap (ProcessLauncher passes `_pass_fds`). One
+        # launch at a time, so that they reach the right bwrap.
+        async with self._one_launch:
+            with protected.resolve(spec.workspace, spec.protected_paths) as self._mounts:
+                self._pass_fds = tuple(m.fd for m in self._mounts.items)
+                try:
+                    return await super().launch(spec)
+                finally:
+                    self._pass_fds = ()
 
     def _host_parent_pid(self) -> int:
         # Inside the new pid namespace our parent is bwrap's init, pid 1.
@@ -148,11 +186,12 @@ class BwrapLauncher(ProcessLauncher):
         for name in ETC_FILES:
             b += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         # /tmp first: a bind below it (a state directory under /tmp) must land on
-        # the private /tmp, not be hidden by it.
-        b += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        binds = [("--ro-bind", d) for d in runtime_dirs()]
-        if spec.plugin_dir is not None and not _inside(str(spec.plugin_dir), [*SYSTEM_DIRS, *runtime_dirs()]):
-            # (A plugin under /usr or in the clawsup tree is already there, read-only.)
+        # the private /tmp, not be hidden by it. 1777: the child drops to its own uid
+        # after bwrap made them (as root), and must still write there.
+        b += ["--proc", "/proc", "--dev", "/dev", *_scratch("/tmp", spec.limits.tmp_bytes), *_scratch("/dev/shm", spec.limits.tmp_bytes)]
+        binds = [("--ro-bind", d) for d in runtime_paths()]
+        if spec.plugin_dir is not None and not _inside(str(spec.plugin_dir), [*SYSTEM_DIRS, *runtime_paths()]):
+            # (A plugin under /usr or in site-packages is already there, read-only.)
             binds.append(("--ro-bind", str(spec.plugin_dir)))
         binds.append(("--bind", str(spec.run_dir)))
         # bwrap would copy the modes of the outside parents (a 0700 home, a 0700
@@ -165,8 +204,13 @@ class BwrapLauncher(ProcessLauncher):
                     b += ["--perms", "0755", "--dir", str(parent)]
         for flag, path in binds:
             b += [flag, path, path]
+        b += ["--bind", str(spec.workspace), WORKSPACE]
+        # Over it, the protected paths read-only and their folders pinned (see
+        # sandbox/protected.py), from the descriptors launch() opened; bwrap closes
+        # them before the child runs.
+        for m in self._mounts.items:
+            b += ["--bind-fd" if m.writable else "--ro-bind-fd", str(m.fd), f"{WORKSPACE}/{m.rel}"]
         b += [
-            "--bind", str(spec.workspace), WORKSPACE,
             # Not --chdir: as root, bwrap has no capability left to enter the
             # workspace, which is the child's own (0700); the child enters it.
             "--chdir", "/",
@@ -183,29 +227,51 @@ class BwrapLauncher(ProcessLauncher):
         return b, Path("/"), {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
+def _scratch(path: str, size: int) -> list[str]:
+    """A private tmpfs at `path`, mode 1777, of `size` bytes where this bwrap can say so."""
+    if _tmpfs_takes_size():
+        return ["--perms", "01777", "--size", str(size), "--tmpfs", path]
+    return ["--tmpfs", path, "--chmod", "01777", path]
+
+
+@functools.cache
+def _tmpfs_takes_size() -> bool:
+    """bubblewrap 0.7 added `--size` (and `--perms` for a tmpfs). An older one (Ubuntu
+    22.04 ships 0.6) gets an unsized tmpfs, which the sandbox's memory limit still
+    bounds: tmpfs pages count as the writer's memory in its cgroup."""
+    exe = bwrap_path()
+    try:
+        return exe is not None and "--size" in subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def _inside(path: str, roots: list[str]) -> bool:
     real = os.path.realpath(path)
     return any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 @functools.cache
-def runtime_dirs() -> tuple[str, ...]:
-    """Where the host runtime's code lives outside /usr: the interpreter's prefixes
-    and the clawsup source tree (an editable install). Bound read-only at the same
-    paths, so that the host starts exactly as under the process backend."""
+def runtime_paths() -> tuple[str, ...]:
+    """What `python -I -m sandbox.host` needs outside /usr, as real paths: the folder
+    of the interpreter, libpython (a shared build), a venv's pyvenv.cfg, the standard
+    library and site-packages, and the `sandbox` and `clawsup` packages wherever
+    they are installed (a project checkout, for an editable install: those two
+    folders only). Each is bound read-only at its own path, so that the host starts
+    exactly as under the process backend. sandbox.host imports nothing else of
+    clawsup: tests/test_boundaries.py and tests/test_sandbox_walls.py check it."""
+    import clawsup
     import sandbox
 
-    candidates = {sys.base_prefix, sys.prefix, sys.exec_prefix, str(Path(sandbox.__file__).resolve().parent.parent)}
-    try:
-        import clawsup.v1
-
-        candidates.add(str(Path(clawsup.v1.__file__).resolve().parent.parent.parent))
-    except ImportError:
-        pass
+    exe = Path(sys.executable)
+    candidates = [exe.parent, exe.resolve().parent, Path(sys.prefix, "pyvenv.cfg")]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        candidates.append(Path(str(sysconfig.get_config_var("LIBDIR")), str(sysconfig.get_config_var("INSTSONAME"))))
+    for scheme_path in ("stdlib", "platstdlib", "purelib", "platlib"):
+        candidates.append(Path(sysconfig.get_paths()[scheme_path]))
+    candidates += [Path(sandbox.__file__).parent, Path(clawsup.__file__).parent]
     out: list[str] = []
-    for c in sorted(candidates, key=len):
-        real = os.path.realpath(c)
-        if not os.path.isdir(real) or _inside(real, ["/usr", *out]):
-            continue
-        out.append(real)
+    for real in sorted({os.path.realpath(c) for c in candidates}, key=len):
+        if os.path.exists(real) and not _inside(real, ["/usr", *out]):
+            out.append(real)
     return tuple(out)

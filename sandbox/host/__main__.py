@@ -2,7 +2,7 @@
 
 The order matters and is why this file imports so little at the top:
 1. tie our life to the supervisor's (PR_SET_PDEATHSIG), then re-check the parent,
-   because it may have died between our fork and the prctl;
+   because it may have died between our fork and the prctl; set no_new_privs;
 2. block on the start gate until the supervisor has applied cgroup and rlimits;
 3. set our own rlimits, and drop to the uid the supervisor chose (then set the death
    signal again: the kernel clears it when credentials change);
@@ -34,6 +34,20 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(70)
 
 
+def _no_new_privs() -> None:
+    """From here on no exec can gain privileges: a setuid-root binary the sandbox
+    reaches runs with our uid (tests/test_sandbox_walls.py). bwrap and docker set it
+    too; this is what holds it on the process backend. Inherited by every command the
+    host runs, and kept across the uid drop."""
+    import ctypes
+
+    PR_SET_NO_NEW_PRIVS = 38
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        print(f"clawsup host: prctl(PR_SET_NO_NEW_PRIVS) failed (errno {ctypes.get_errno()}); refusing to run", file=sys.stderr)
+        os._exit(66)
+
+
 def _read_gate(fd: int) -> bytes:
     chunks = []
     while True:
@@ -46,12 +60,10 @@ def _read_gate(fd: int) -> bytes:
 
 
 def _read_gate_file(path: str) -> bytes:
-    """The supervisor writes the file whole and renames it into place before the
-    container starts; we take it and remove it, so the tokens do not stay on disk."""
+    """The supervisor writes the file whole before the container starts and mounts it
+    read-only; it removes the file itself once the child is gone (sandbox/container.py)."""
     with open(path, "rb") as f:
-        raw = f.read()
-    os.unlink(path)
-    return raw
+        return f.read()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,12 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plugin-dir", default="", help="empty for a workspace host")
     p.add_argument("--socket", required=True)
     p.add_argument("--gate-fd", type=int, help="read the start gate from this fd")
-    p.add_argument("--gate-file", help="... or from this file, removed once read (containers: no fd crosses into them)")
+    p.add_argument("--gate-file", help="... or from this read-only file (containers: no fd crosses into them)")
     p.add_argument("--parent-pid", type=int, required=True)
     p.add_argument("--workdir", help="chdir here once privileges are dropped (bwrap: the workspace is the child's own, 0700)")
     args = p.parse_args(argv)
 
     _die_with_parent(args.parent_pid)
+    _no_new_privs()
     try:
         if args.gate_file:
             raw = _read_gate_file(args.gate_file)

@@ -11,6 +11,12 @@ already checked directory descriptor, never through a symlink (`O_NOFOLLOW`,
 The sandbox (bwrap's mount namespace, the child's own uid) is the wall behind this;
 these checks keep a model's honest mistakes, and a workspace's own symlinks, from
 reaching what the sandbox still shows (the system directories, the interpreter).
+
+Protected paths (`.git/hooks`, `.git/config`, rc files: what makes the host run
+code later; sandbox/protected.py) may be read but not written or edited: by their
+name, by a symlink leading to them, or by creating the file that would stand where
+one of their folders belongs (a `.git` gitfile). On bwrap and docker they are also
+read-only mounts; on the process backend this refusal is all there is.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from sandbox.api import PluginApi, ToolError
+from sandbox.protected import normalize
 
 MAX_EDIT_BYTES = 8 * 1024 * 1024
 READ_SKIP = 1024 * 1024
@@ -31,9 +38,10 @@ _OPEN_CHECK = os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class Workspace:
-    def __init__(self, root: str, *, read_max_bytes: int) -> None:
+    def __init__(self, root: str, *, read_max_bytes: int, protected: list[str] | tuple[str, ...] = ()) -> None:
         self.root = os.path.realpath(root)
         self.read_max_bytes = read_max_bytes
+        self.protected = tuple(n for p in protected if (n := normalize(p)) is not None)
 
     # --- confinement -----------------------------------------------------------
 
@@ -49,6 +57,28 @@ class Workspace:
 
     def _inside(self, real: str) -> bool:
         return real == self.root or real.startswith(self.root + os.sep)
+
+    def _refuse_protected(self, full: str, path: str) -> None:
+        """Refuse to write `full` (an absolute path in the workspace, lexical or real)
+        if it is a protected path, lies under one, or would stand where a protected
+        path's folder belongs."""
+        if not self._inside(full) or full == self.root:
+            return
+        rel = full[len(self.root) + 1 :]
+        for p in self.protected:
+            if rel == p or rel.startswith(p + "/") or p.startswith(rel + "/"):
+                raise ToolError(
+                    f"{path!r} is protected ({p!r}): the host may run it later (git hooks and config, shell rc files), "
+                    "so the sandbox may read it but not change it. The operator sets these in sandbox.protectedPaths"
+                )
+
+    def _refuse_protected_fd(self, fd: int, path: str) -> None:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        try:
+            self._refuse_protected(real, path)
+        except ToolError:
+            os.close(fd)
+            raise
 
     def _verify(self, fd: int, path: str) -> None:
         real = os.readlink(f"/proc/self/fd/{fd}")
@@ -71,6 +101,8 @@ class Workspace:
             # only a descriptor found inside is then opened for reading or writing.
             fd = os.open(full, os.O_PATH | os.O_CLOEXEC | (flags & os.O_DIRECTORY))
             self._verify(fd, path)
+            if flags & (os.O_WRONLY | os.O_RDWR):
+                self._refuse_protected_fd(fd, path)
             fd = self._reopen(fd, flags)
         except FileNotFoundError:
             raise ToolError(f"{path!r} does not exist") from None
@@ -113,6 +145,11 @@ class Workspace:
             raise ToolError(f"{path!r}: {os.path.relpath(head, self.root)!r} is a dangling symlink") from None
         self._verify(fd, path)
         try:
+            self._refuse_protected(os.path.join(os.readlink(f"/proc/self/fd/{fd}"), *missing, name), path)
+        except ToolError:
+            os.close(fd)
+            raise
+        try:
             for part in missing:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o755, dir_fd=fd)
@@ -128,6 +165,7 @@ class Workspace:
     def _open_for_write(self, path: str) -> tuple[int, bool]:
         """(descriptor open for writing, whether it was created)."""
         full = self._lexical(path)
+        self._refuse_protected(full, path)
         dfd, name = self._parent_fd(full, path)
         try:
             try:
@@ -144,6 +182,7 @@ class Workspace:
                 except FileNotFoundError:
                     raise ToolError(f"{path!r} is a symlink to a missing file; not following it") from None
                 self._verify(fd, path)
+                self._refuse_protected_fd(fd, path)
                 fd = self._reopen(fd, os.O_WRONLY)
                 created = False
         except IsADirectoryError:
