@@ -82,6 +82,9 @@ class PluginApi:
     workspace: Path
     """The plugin's own writable directory (also the process's working directory)."""
     tools: dict[str, Tool] = field(default_factory=dict)
+    not_served: dict[str, Tool] = field(default_factory=dict)
+    """Registered, but outside what the supervisor allowed on the start gate: still
+    described (so that the supervisor logs the refusal), never invoked."""
     _outbox: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
     _post: Callable[[str, dict[str, Any]], None] | None = None
 

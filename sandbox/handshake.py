@@ -79,6 +79,10 @@ class GatePayload:
     workspace_tools: dict[str, Any] = field(default_factory=dict)
     """For `workspace`: shell, kill_grace_s, read_max_bytes (see
     sandbox/host/server.py serve)."""
+    tools: list[str] | None = None
+    """For `plugin`: the only tool names the host may serve (its manifest's contract,
+    less names the supervisor will refuse). A registration outside it never leaves
+    the host; None (a workspace or subagent host) means the role's own."""
     rlimits: dict[str, int] = field(default_factory=dict)
     """`RLIMIT_*` name -> value (soft = hard). The launcher also sets them from
     outside with prlimit where it may; the child sets them on itself before any

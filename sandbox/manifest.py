@@ -20,6 +20,12 @@ MANIFEST_NAME = "clawsup.plugin.json"
 # names allow this set, up to 64 characters.
 TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 PLUGIN_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+# Metadata is data from a stranger that the gateway keeps, shows and sends to the
+# model on every turn: each part has a size cap, and a manifest past one is refused.
+MAX_MANIFEST_BYTES = 256 * 1024
+MAX_DESCRIPTION_CHARS = 1024
+MAX_CONTRACT_NAMES = 128
+MAX_CONFIG_SCHEMA_BYTES = 64 * 1024
 
 Backend = Literal["process", "bwrap", "docker"]
 
@@ -32,6 +38,8 @@ class RestartRequest(_Model):
     """The OTP-style restart policy: more than `max_restarts` deaths within
     `period_seconds` and the sandbox is `failed` until an operator restarts it."""
 
+    # A manifest's restart ask is shown and refused (the policy is the operator's), so
+    # it only has to make sense; the operator's has floors (supervisor/config.py).
     max_restarts: int | None = Field(default=None, ge=0, le=1000)
     period_seconds: float | None = Field(default=None, gt=0)
     backoff_initial_seconds: float | None = Field(default=None, ge=0)
@@ -39,9 +47,12 @@ class RestartRequest(_Model):
 
 
 class SandboxRequest(_Model):
-    """What a plugin asks of its sandbox. Every field is optional: unset ones take the
-    operator's defaults (`sandbox.defaults` in clawsup.json), and the operator's
-    per-plugin settings win over these."""
+    """What a plugin asks of its sandbox (in its manifest), or what the operator
+    grants it (`plugins.entries.<id>.sandbox`, over `sandbox.defaults`). Every field
+    is optional. The manifest only asks: each limit is the stricter of the ask and
+    the grant; `backend`, `network` and `restart` are the operator's alone, and a
+    manifest's are shown, and refused with a warning where they differ
+    (supervisor/plans.py)."""
 
     backend: Backend | None = None
     call_timeout_seconds: float | None = Field(default=None, gt=0, le=3600)
@@ -53,26 +64,31 @@ class SandboxRequest(_Model):
     cpus: float | None = Field(default=None, gt=0, le=64)
     """CPUs' worth of time the sandbox may use at once (docker; the others have
     rlimits on CPU seconds only)."""
+    max_workspace_mb: int | None = Field(default=None, ge=1)
+    """The most its workspace may hold."""
+    tmp_mb: int | None = Field(default=None, ge=1, le=65536)
+    """The size of its private /tmp and /dev/shm."""
     network: bool | None = None
-    """Whether the plugin needs the network. Without it, backends with a network
-    namespace (bwrap) give it none; the process backend cannot take it away."""
+    """Whether the plugin needs the network. It gets it only where the operator
+    grants it; backends with a network namespace (bwrap, docker) then give it none.
+    The process backend cannot take it away."""
     restart: RestartRequest | None = None
 
 
 class Contracts(_Model):
     """The names a plugin may register. The supervisor refuses anything else."""
 
-    tools: list[str] = Field(default_factory=list)
-    channels: list[str] = Field(default_factory=list)
-    hooks: list[str] = Field(default_factory=list)
-    services: list[str] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
+    channels: list[str] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
+    hooks: list[str] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
+    services: list[str] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
 
 
 class Manifest(_Model):
     id: str = Field(pattern=PLUGIN_ID_PATTERN)
-    version: str = Field(min_length=1, max_length=64)
-    description: str = ""
-    entry: str = Field(min_length=1, description="A .py file or a module, relative to the plugin folder.")
+    version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$")
+    description: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
+    entry: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]*$", description="A .py file or a module, relative to the plugin folder.")
     contracts: Contracts = Field(default_factory=Contracts)
     config_schema: dict[str, Any] | None = None
     sandbox: SandboxRequest = Field(default_factory=SandboxRequest)
@@ -105,7 +121,13 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
 def load_manifest(folder: Path) -> Manifest:
     path = folder / MANIFEST_NAME
     try:
-        raw = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw_bytes = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw_bytes) > MAX_MANIFEST_BYTES:
+            raise ManifestError(folder, f"{MANIFEST_NAME} is larger than {MAX_MANIFEST_BYTES // 1024} KiB; a manifest is metadata, not data")
+        raw = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(folder, f"{MANIFEST_NAME} is not UTF-8 ({e.reason})") from e
     except FileNotFoundError:
         raise ManifestError(folder, f"no {MANIFEST_NAME} in it; every plugin folder needs one") from None
     except OSError as e:
@@ -118,6 +140,10 @@ def load_manifest(folder: Path) -> Manifest:
         manifest = Manifest.model_validate(data)
     except ValidationError as e:
         raise ManifestError(folder, f"{MANIFEST_NAME}: {format_validation_error(e)}") from e
+    if manifest.config_schema is not None and len(json.dumps(manifest.config_schema)) > MAX_CONFIG_SCHEMA_BYTES:
+        raise ManifestError(folder, f"{MANIFEST_NAME}: configSchema is larger than {MAX_CONFIG_SCHEMA_BYTES // 1024} KiB")
+    if ".." in manifest.entry.split("/") or manifest.entry.startswith("/"):
+        raise ManifestError(folder, f"{MANIFEST_NAME}: entry: {manifest.entry!r} must stay inside the plugin folder")
     bad = [t for t in manifest.contracts.tools if not _valid_tool_name(t)]
     if bad:
         raise ManifestError(folder, f"{MANIFEST_NAME}: contracts.tools: invalid tool name(s) {bad}; use letters, digits, _ and -")

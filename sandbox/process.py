@@ -19,12 +19,13 @@ import signal
 import stat
 import subprocess
 import sys
-import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 from loguru import logger
 
+from sandbox import leftovers
 from sandbox import warden as _warden_module
 from sandbox.cgroup import Cgroup, CgroupRoot
 from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, MiB
@@ -39,8 +40,11 @@ class ProcessChild:
     """One child process. Held by pidfd: PIDs wrap quickly here (pid_max 32768), and a
     pidfd can never name a different process."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int, socket_path: str, cgroup: Cgroup | None, warden: Warden) -> None:
+    def __init__(
+        self, popen: subprocess.Popen[bytes], pidfd: int, socket_path: str, cgroup: Cgroup | None, warden: Warden, run_as: ChildUser | None = None
+    ) -> None:
         self._popen = popen
+        self._run_as = run_as
         self._warden = warden
         self.pid = popen.pid
         self._pidfd = pidfd
@@ -128,6 +132,13 @@ class ProcessChild:
             self._cgroup.kill_all()
             self._cgroup.remove()
         self._warden.forget(self.pid)
+        if not self._private_scratch and leftovers.own_uid(self._run_as):
+            assert self._run_as is not None
+            leftovers.remove(self._run_as)
+
+    _private_scratch = False
+    """Whether the child had /tmp and /dev/shm of its own (bwrap); else what its own
+    uid left in the host's is removed at close (sandbox/leftovers.py)."""
 
 
 class Warden:
@@ -137,6 +148,9 @@ class Warden:
     def __init__(self) -> None:
         self._popen = subprocess.Popen(
             [sys.executable, "-I", "-S", _warden_module.__file__],
+            # Never our environment: the warden runs as our user and is readable by
+            # its other processes, and ours holds the API keys (tests/test_nonroot.py).
+            env={k: v for k, v in os.environ.items() if k in ("PATH", "DOCKER_HOST")},
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
@@ -157,33 +171,18 @@ class Warden:
     def forget(self, pgid: int) -> None:
         self._send(f"del {pgid}")
 
+    def watch_container(self, name: str) -> None:
+        """Before the container is created, so that no moment leaves it unlisted."""
+        self._send(f"add-container {name}")
+
+    def forget_container(self, name: str) -> None:
+        self._send(f"del-container {name}")
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._pipe.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._popen.wait(timeout=5)
-
-
-# Per-sandbox uids, when a root supervisor picks them itself: above systemd's
-# container range (up to 1879048191) and below 2**31, which some tools mishandle.
-UID_BASE = 1_900_000_000
-UID_SPAN = 1_000_000
-
-
-def sandbox_uids(sandbox_ids: list[str]) -> dict[str, ChildUser]:
-    """A uid (and a group of the same number) for each sandbox, stable across
-    restarts of the supervisor: derived from the sandbox id, collisions resolved in
-    id order. Its own uid keeps a sandbox out of every other sandbox's files and
-    processes, not only out of the supervisor's."""
-    taken: set[int] = set()
-    out = {}
-    for sid in sorted(sandbox_ids):
-        uid = UID_BASE + zlib.crc32(sid.encode()) % UID_SPAN
-        while uid in taken:
-            uid = UID_BASE + (uid - UID_BASE + 1) % UID_SPAN
-        taken.add(uid)
-        out[sid] = ChildUser(f"uid {uid}", uid, uid)
-    return out
 
 
 def named_user(setting: str) -> ChildUser:
@@ -193,14 +192,20 @@ def named_user(setting: str) -> ChildUser:
 
 
 def child_users_for(
-    setting: str, sandbox_ids: list[str], plugin_dirs: list[Path], reach: list[Path] | None = None
+    setting: str,
+    sandbox_ids: list[str],
+    plugin_dirs: list[Path],
+    reach: list[Path] | None = None,
+    *,
+    own_uids: Callable[[list[str]], dict[str, ChildUser]] | None = None,
 ) -> tuple[dict[str, ChildUser], str]:
     """Decide who each sandbox's children run as, from `sandbox.runAs`.
 
     `supervisor`: as the supervisor. A user name or uid: all as that user, or an
     error. `auto` (the default): when the supervisor is root, each sandbox as its
-    own unprivileged uid (`sandbox_uids`), provided such a uid can run the host
-    runtime and read the plugins; else as the supervisor.
+    own unprivileged uid (from `own_uids`, the gateway's `sandbox.uids.SandboxUids`),
+    provided such a uid can run the host runtime and read the plugins; else as the
+    supervisor.
 
     Returns (sandbox id -> user; empty for "as the supervisor", and a sentence for
     the operator when it is not what was asked or hoped for; empty otherwise).
@@ -212,7 +217,9 @@ def child_users_for(
             return {}, ""
         return {}, f"sandbox.runAs {setting!r} needs the supervisor to run as root"
     if setting == "auto":
-        users = sandbox_uids(sandbox_ids)
+        if own_uids is None:
+            raise TypeError("child_users_for: a root supervisor's sandbox.runAs 'auto' needs own_uids")
+        users = own_uids(sandbox_ids)
         who = "their own unprivileged uids"
     else:
         try:
@@ -225,10 +232,7 @@ def child_users_for(
         return {}, ""
     problem = _probe_user(next(iter(users.values())), plugin_dirs, reach or [])
     if problem:
-        return {}, (
-            f"children cannot run as {who}: {problem}. They run as root instead; install clawsup "
-            "and its plugins where other users can read them (not under a 0700 home) to change that"
-        )
+        return {}, f"children cannot run as {who}: {problem}"
     return users, ""
 
 
@@ -291,7 +295,7 @@ class ProcessLauncher:
         u = spec.run_as
         if u is not None:
             _give(spec.workspace, u)
-            os.chown(spec.run_dir, u.uid, u.gid)
+            os.chown(spec.run_dir, u.uid, u.gid, follow_symlinks=False)
         cgroup = None
         if self._cgroups is not None:
             cgroup = self._cgroups.child(
@@ -320,7 +324,7 @@ class ProcessLauncher:
                 cwd=cwd,
                 env=env,
                 start_new_session=True,
-                pass_fds=(gate_r,),
+                pass_fds=(gate_r, *self._pass_fds),
                 close_fds=True,
                 # No user=/group= here: the child drops privileges itself (see
                 # sandbox/host/__main__.py), so that Popen can vfork.
@@ -364,7 +368,7 @@ class ProcessLauncher:
         finally:
             os.close(gate_w)
         self._warden.watch(popen.pid, cgroup)
-        child = self._child_class(popen, pidfd, socket_path, cgroup, self._warden)
+        child = self._child_class(popen, pidfd, socket_path, cgroup, self._warden, run_as=spec.run_as)
         os.set_blocking(child.stdout_fd, False)
         os.set_blocking(child.stderr_fd, False)
         return child
@@ -372,6 +376,8 @@ class ProcessLauncher:
     # Hooks for backends that wrap the host command (sandbox/bwrap.py).
     _child_class: type[ProcessChild] = ProcessChild
     _attach_after_spawn = True
+    _pass_fds: tuple[int, ...] = ()
+    """Descriptors the wrapper needs besides the gate (bwrap: its mount sources)."""
     """Whether the cgroup is joined from outside once the child exists. Right for a
     lone child blocked on its gate; a wrapper that forks joins before it execs."""
 
@@ -388,16 +394,71 @@ class ProcessLauncher:
             self._cgroups.remove()
 
 
+# How deep `_give` descends. Only a child builds a deeper tree; below this its
+# entries keep their owner rather than cost one open descriptor per level.
+GIVE_MAX_DEPTH = 64
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def _give(workspace: Path, user: ChildUser) -> None:
     """Make the workspace the child's own. Its contents are chowned only when the
-    owner changed (a first run, or a new runAs): with stable uids that is rare."""
-    st = workspace.stat()
-    if (st.st_uid, st.st_gid) == (user.uid, user.gid):
-        return
-    for dirpath, dirnames, filenames in os.walk(workspace):
-        for name in (*dirnames, *filenames):
-            os.chown(os.path.join(dirpath, name), user.uid, user.gid, follow_symlinks=False)
-    os.chown(workspace, user.uid, user.gid)
+    owner changed (a first run, or a new uid): with recorded uids that is rare.
+
+    This runs as root over a folder a child wrote, so it must be useless as a weapon
+    (tests/test_hostile_paths.py): the walk goes from directory descriptor to
+    directory descriptor and follows no symlink; each entry is chowned through a
+    descriptor of the very inode that was checked, never by a name the child could
+    swap meanwhile; only an inode of the workspace's previous owner (or ours, or
+    already the new owner's) moves, never a symlink, and never a file with other hard
+    links (one linked in from elsewhere, so that root would give it away)."""
+    top = os.open(workspace, _OPEN_DIR)
+    kept: list[str] = []
+    try:
+        st = os.fstat(top)
+        if (st.st_uid, st.st_gid) == (user.uid, user.gid):
+            return
+        _give_tree(top, "", frozenset({st.st_uid, os.geteuid(), user.uid}), user, kept, 0)
+        os.fchown(top, user.uid, user.gid)
+    finally:
+        os.close(top)
+    if kept:
+        more = f"; and {len(kept) - 10} more" if len(kept) > 10 else ""
+        logger.warning("{}: left to their owners, not given to uid {}: {}{}", workspace, user.uid, "; ".join(kept[:10]), more)
+
+
+def _give_tree(dfd: int, rel: str, movable: frozenset[int], user: ChildUser, kept: list[str], depth: int) -> None:
+    for name in os.listdir(dfd):
+        path = rel + name
+        try:
+            # A directory opens as one; anything else (a FIFO, a device) is not opened
+            # at all, and a symlink is taken as itself.
+            fd = os.open(name, _OPEN_DIR, dir_fd=dfd)
+        except OSError:
+            try:
+                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError:
+                continue  # gone meanwhile
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            if st.st_uid not in movable:
+                kept.append(f"{path} (uid {st.st_uid})")
+            elif stat.S_ISDIR(st.st_mode):
+                if depth < GIVE_MAX_DEPTH:
+                    _give_tree(fd, path + "/", movable, user, kept, depth + 1)
+                else:
+                    kept.append(f"what is below {path}/ (deeper than {GIVE_MAX_DEPTH} levels)")
+                os.fchown(fd, user.uid, user.gid)
+            elif (st.st_uid, st.st_gid) == (user.uid, user.gid):
+                pass
+            elif st.st_nlink > 1:
+                kept.append(f"{path} ({st.st_nlink} hard links)")
+            else:
+                # chown through the descriptor's magic link: the inode fstat saw.
+                os.chown(f"/proc/self/fd/{fd}", user.uid, user.gid)
+        finally:
+            os.close(fd)
 
 
 def _rlimits(spec: LaunchSpec, *, have_cgroup: bool, child_uid: int) -> dict[str, int]:

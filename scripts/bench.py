@@ -13,6 +13,9 @@ Figures (see issue 2):
       baseline: SIGKILL of an idle bare grpc.aio server child -> its pidfd readable
   (d) unique memory (USS) of an idle sandbox
       baseline: USS of an idle bare grpc.aio server child
+Figures (issue 12: plugins start on bwrap by default):
+  (a') and (b'): (a) and (b) with the plugin on the bwrap backend, with the same
+      baselines, measured in the same run
 Figures (issue 3):
   (e) the exec tool running `true`, end to end through SandboxManager.invoke (screen,
       workspace sandbox on the process backend, Exec stream, result)
@@ -530,15 +533,28 @@ def uss(pid: int) -> int:
 
 
 
-async def _all_in_manager(a: Any, manager: SandboxManager, launchers: dict[str, Any], tmp: Path, echo_proc: Any, echo_path: str, results: dict[str, Any]) -> None:
-    """Figures (a)-(f), (h), (j)-(l), in one running manager."""
-    # (a) interleave the two in blocks so that machine noise hits both alike
+async def figure_a(manager: SandboxManager, echo_path: str, calls_n: int) -> dict[str, Any]:
+    """A warm call, interleaved in blocks with the bare echo so that machine noise
+    hits both alike."""
     calls, base = [], []
-    block = max(a.calls // 10, 1)
+    block = max(calls_n // 10, 1)
     for _ in range(10):
         base += await bench_bare_echo(echo_path, block, 50)
         calls += await bench_calls(manager, block, 50)
-    results["a_warm_call_ms"] = {"figure": summary(calls), "baseline": summary(base), "baseline_name": "bare grpc.aio unary echo, unix socket"}
+    return {"figure": summary(calls), "baseline": summary(base), "baseline_name": "bare grpc.aio unary echo, unix socket"}
+
+
+async def figure_b(manager: SandboxManager, starts: int) -> dict[str, Any]:
+    return {
+        "figure": summary(await bench_cold_start(manager, starts)),
+        "baseline": summary(await asyncio.to_thread(bench_import_grpc, starts)),
+        "baseline_name": "spawn `python -I -c 'import grpc'` to exit",
+    }
+
+
+async def _all_in_manager(a: Any, manager: SandboxManager, launchers: dict[str, Any], tmp: Path, echo_proc: Any, echo_path: str, results: dict[str, Any]) -> None:
+    """Figures (a)-(f), (h), (j)-(l), in one running manager."""
+    results["a_warm_call_ms"] = await figure_a(manager, echo_path, a.calls)
 
     # (d) idle USS, after the calls settled
     await asyncio.sleep(1.0)
@@ -550,12 +566,7 @@ async def _all_in_manager(a: Any, manager: SandboxManager, launchers: dict[str, 
         "baseline_name": "idle bare grpc.aio server child",
     }
 
-    # (b)
-    results["b_cold_start_ms"] = {
-        "figure": summary(await bench_cold_start(manager, a.starts)),
-        "baseline": summary(await asyncio.to_thread(bench_import_grpc, a.starts)),
-        "baseline_name": "spawn `python -I -c 'import grpc'` to exit",
-    }
+    results["b_cold_start_ms"] = await figure_b(manager, a.starts)
 
     # (c)
     results["c_crash_to_reclaimed_ms"] = {
@@ -592,6 +603,42 @@ async def _all_in_manager(a: Any, manager: SandboxManager, launchers: dict[str, 
         }
 
 
+def basics_plan(backend: str) -> SandboxPlan:
+    return SandboxPlan(
+        sandbox_id="basics",
+        plugin_id="basics",
+        plugin_dir=ROOT / "plugins" / "basics",
+        plugin_version="1",
+        entry="plugin.py",
+        declared_tools=frozenset({"echo", "now", "calc"}),
+        plugin_config={},
+        limits=Limits(memory_bytes=256 * MiB),
+        restart=RestartPolicy(max_restarts=10**6, period_s=1, backoff_initial_s=0.0, backoff_max_s=0.0),
+        backend=backend,
+        trusted=backend == "process",
+    )
+
+
+async def _bwrap_plugin_figures(a: Any, launchers: dict[str, Any], tmp: Path, echo_path: str, results: dict[str, Any]) -> None:
+    """(a') and (b'): the plugin on bwrap, in a manager of its own (its own registry
+    and state folder), beside the same baselines as (a) and (b)."""
+    if "bwrap" not in launchers:
+        results["a_warm_call_bwrap_ms"] = results["b_cold_start_bwrap_ms"] = {"skipped": bwrap_problem()}
+        return
+    paths = StatePaths(tmp / "bw")
+    paths.ensure()
+    registry = Registry(reserved=frozenset(CORE_TOOLS))
+    manager = SandboxManager(registry=registry, launchers={"bwrap": launchers["bwrap"]}, paths=paths, timing=Timing(heartbeat_interval_s=2.0), env_allowlist=["PATH", "LANG"])
+    manager.add(basics_plan("bwrap"))
+    ready, stop = asyncio.Event(), asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(manager.run(ready, stop, start_timeout=60, stop_timeout=10))
+        await ready.wait()
+        results["a_warm_call_bwrap_ms"] = await figure_a(manager, echo_path, a.calls)
+        results["b_cold_start_bwrap_ms"] = await figure_b(manager, a.starts)
+        stop.set()
+
+
 async def _bench_runs(a: Any, manager: SandboxManager, launchers: dict[str, Any], tmp: Path, results: dict[str, Any]) -> None:
     """Figure (m), on each backend there is."""
     for backend in ("process", "bwrap"):
@@ -607,7 +654,7 @@ async def main() -> None:
     ap.add_argument("--crashes", type=int, default=50)
     ap.add_argument("--execs", type=int, default=500)
     ap.add_argument("--messages", type=int, default=2000, help="per (g) run, spread over the sessions")
-    ap.add_argument("--only", choices=["g", "h", "i", "m"], help="run only this figure")
+    ap.add_argument("--only", choices=["g", "h", "i", "m", "ab"], help="run only this figure (ab: (a) and (b) on process and bwrap)")
     ap.add_argument("--turns", type=int, default=500)
     ap.add_argument("--runs", type=int, default=50, help="subagent runs per backend (m)")
     a = ap.parse_args()
@@ -640,20 +687,7 @@ async def main() -> None:
         timing=Timing(heartbeat_interval_s=2.0),
         env_allowlist=["PATH", "LANG"],
     )
-    manager.add(
-        SandboxPlan(
-            sandbox_id="basics",
-            plugin_id="basics",
-            plugin_dir=ROOT / "plugins" / "basics",
-            plugin_version="1",
-            entry="plugin.py",
-            declared_tools=frozenset({"echo", "now", "calc"}),
-            plugin_config={},
-            limits=Limits(memory_bytes=256 * MiB),
-            restart=RestartPolicy(max_restarts=10**6, period_s=1, backoff_initial_s=0.0, backoff_max_s=0.0),
-            backend="process",
-        )
-    )
+    manager.add(basics_plan("process"))
     ready, stop = asyncio.Event(), asyncio.Event()
     results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "grpc": grpc.__version__, "cgroup": cgroups is not None}}
     echo_proc, echo_path = await bare_echo_server(tmp)
@@ -661,16 +695,22 @@ async def main() -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(manager.run(ready, stop, start_timeout=60, stop_timeout=10))
             await ready.wait()
-            if a.only != "m":
+            if a.only == "ab":
+                results["a_warm_call_ms"] = await figure_a(manager, echo_path, a.calls)
+                results["b_cold_start_ms"] = await figure_b(manager, a.starts)
+                await _bwrap_plugin_figures(a, launchers, tmp, echo_path, results)
+            elif a.only != "m":
                 await _all_in_manager(a, manager, launchers, tmp, echo_proc, echo_path, results)
-            await _bench_runs(a, manager, launchers, tmp, results)
+                await _bwrap_plugin_figures(a, launchers, tmp, echo_path, results)
+            if a.only != "ab":
+                await _bench_runs(a, manager, launchers, tmp, results)
             stop.set()
     finally:
         echo_proc.kill()
         echo_proc.wait()
         manager.close()
         warden.close()
-    if a.only == "m":
+    if a.only in ("m", "ab"):
         Path(a.out).write_text(json.dumps(results, indent=2))
         print_table(results)
         return
@@ -692,6 +732,8 @@ def print_table(r: dict[str, Any]) -> None:
     for key, label in (
         ("a_warm_call_ms", "(a) warm tool call, ms"),
         ("b_cold_start_ms", "(b) cold start to ready, ms"),
+        ("a_warm_call_bwrap_ms", "(a') warm tool call, bwrap, ms"),
+        ("b_cold_start_bwrap_ms", "(b') cold start, bwrap, ms"),
         ("c_crash_to_reclaimed_ms", "(c) crash to reclaimed, ms"),
         ("e_exec_true_process_ms", "(e) exec `true`, process, ms"),
         ("f_exec_true_bwrap_ms", "(f) exec `true`, bwrap, ms"),

@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -24,11 +25,14 @@ from supervisor.control import ControlClient, SupervisorNotRunning
 from supervisor.errors import ClawsupError
 from supervisor.lifecycle import SandboxState, Transition
 from supervisor.paths import StatePaths, resolve_state_dir
+from supervisor.printable import printable, printable_lines
 from supervisor.sandbox_log import tail_lines
 
 app = typer.Typer(help="clawsup: a gateway for personal AI agents where nothing untrusted runs inside the gateway.", no_args_is_help=True, add_completion=False)
 tools_app = typer.Typer(help="List and call the tools the sandboxes registered.", no_args_is_help=True)
 app.add_typer(tools_app, name="tools")
+plugins_app = typer.Typer(help="What each plugin asked for, was granted and registered.", no_args_is_help=True)
+app.add_typer(plugins_app, name="plugins")
 route_app = typer.Typer(help="Which agent and session a message would get.", no_args_is_help=True)
 app.add_typer(route_app, name="route")
 exec_app = typer.Typer(help="Screen or run a shell command the way the exec tool does.", no_args_is_help=True)
@@ -52,7 +56,8 @@ def _client(state_dir: Path | None, timeout: float = 60.0) -> ControlClient:
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    # Errors quote children (a tool's error, a stderr tail): no markup, no escapes.
+    err.print(f"[red]error:[/red] {escape(printable_lines(message))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -79,15 +84,19 @@ def start(
     from supervisor.gateway import GatewayOptions, run_gateway, setup_logging
 
     paths = _paths(state_dir)
-    paths.ensure()
+    try:
+        paths.ensure()
+    except ClawsupError as e:
+        _fail(str(e), 2)
     setup_logging(paths)
 
     def on_transition(t: Transition) -> None:
         style = STATE_STYLE.get(t.new.value, "")
-        out.print(f"  [bold]{t.sandbox_id}[/bold] {t.old.value} → [{style}]{t.new.value}[/{style}]" + (f"  [dim]{t.why}[/dim]" if t.why else ""), highlight=False)
+        out.print(f"  [bold]{t.sandbox_id}[/bold] {t.old.value} → [{style}]{t.new.value}[/{style}]" + (f"  [dim]{escape(printable(t.why))}[/dim]" if t.why else ""), highlight=False)
 
     def on_ready(manager: Any) -> None:
         _print_status(manager.status())
+        _print_warnings(manager.warnings)
         out.print(f"[dim]control socket {paths.control_socket}; `clawsup status`, `clawsup logs <sandbox> -f`, Ctrl-C to stop[/dim]")
 
     opts = GatewayOptions(
@@ -106,23 +115,31 @@ def start(
 
 def _print_status(sandboxes: list[dict[str, Any]]) -> None:
     table = Table(title="sandboxes", title_justify="left")
-    for col in ("id", "state", "pid / container", "restarts", "uptime", "memory", "tools", "last exit"):
+    for col in ("id", "state", "backend · trust · uid", "network", "pid / container", "restarts", "uptime", "memory / limit", "tools", "last exit"):
         table.add_column(col)
     for s in sandboxes:
         style = STATE_STYLE.get(s["state"], "")
         c = s.get("container")
         where = f"{c['container']} ({c.get('cpu_seconds', 0):.1f}s cpu)" if c else str(s["pid"] or "-")
+        used = f"{s['rss_bytes'] / 2**20:.0f}" if s["rss_bytes"] else "-"
         table.add_row(
-            s["id"],
+            escape(printable(s["id"])),
             f"[{style}]{s['state']}[/{style}]",
+            f"{s['backend']} · {s['trust']} · {s['uid'] if s['uid'] is not None else 'as supervisor'}",
+            "yes" if s["network"] else "none",
             where,
             str(s["restarts"]),
             f"{s['uptime_s']:.0f}s" if s["uptime_s"] is not None else "-",
-            f"{s['rss_bytes'] / 2**20:.0f} MiB" if s["rss_bytes"] else "-",
-            ", ".join(s["tools"]) or "-",
-            (s["last_exit"] or {}).get("text", "-"),
+            f"{used} / {s['memory_limit_bytes'] / 2**20:.0f} MiB",
+            escape(printable(", ".join(s["tools"]) or "-")),
+            escape(printable((s["last_exit"] or {}).get("text", "-"))),
         )
     out.print(table)
+
+
+def _print_warnings(warnings: list[str]) -> None:
+    for w in warnings:
+        out.print(f"[bold yellow]warning:[/bold yellow] {escape(printable(w))}", highlight=False)
 
 
 def _print_runs(sessions: list[dict[str, Any]]) -> None:
@@ -158,7 +175,59 @@ def status(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
         print(json.dumps(data, indent=2))
     else:
         _print_status(data["sandboxes"])
+        _print_warnings(data.get("warnings", []))
         _print_runs(data.get("runs", []))
+
+
+@plugins_app.command("list")
+def plugins_list(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
+    """Each plugin: trust, backend, uid, state, tools registered of those declared,
+    and how many of its asks were refused."""
+    data = _data_or_fail(_call(state_dir, {"op": "plugins"}))
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table()
+    for col in ("id", "version", "trust", "backend", "uid", "state", "network", "tools (registered / declared)", "refused"):
+        table.add_column(col)
+    for p in data["plugins"]:
+        t = p["tools"]
+        table.add_row(
+            escape(printable(p["id"])), escape(printable(p["version"])), p["trust"], p["backend"],
+            str(p["uid"]) if p["uid"] is not None else "as supervisor", p["state"],
+            "yes" if p["granted"]["network"] else "none",
+            f"{len(t['registered'])} / {len(t['declared'])}", str(len(p["refused"])) if p["refused"] else "-",
+        )  # fmt: skip
+    out.print(table)
+
+
+@plugins_app.command("show")
+def plugins_show(plugin_id: str, state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
+    """One plugin: what its manifest asked for against what it was granted, trust,
+    backend and uid, tools declared against registered, and every refusal."""
+    data = _data_or_fail(_call(state_dir, {"op": "plugins"}))
+    found = [p for p in data["plugins"] if p["id"] == plugin_id]
+    if not found:
+        _fail(f"no plugin {plugin_id!r} is loaded (loaded: {', '.join(p['id'] for p in data['plugins']) or 'none'})")
+    p = found[0]
+    if as_json:
+        print(json.dumps(p, indent=2))
+        return
+    out.print(f"[bold]{escape(printable(p['id']))}[/bold] {escape(printable(p['version']))}  [dim]{escape(printable(p['folder']))}[/dim]", highlight=False)
+    uid = p["uid"] if p["uid"] is not None else "as the supervisor"
+    out.print(f"  {p['trust']}, backend {p['backend']}, uid {uid}, {p['state']}", highlight=False)
+    table = Table(title="limits", title_justify="left")
+    for col in ("key", "manifest asks", "granted"):
+        table.add_column(col)
+    asked = p["requested"]
+    for key, value in p["granted"].items():
+        ask = asked.get(key)
+        table.add_row(key, escape(printable(json.dumps(ask))) if ask is not None else "-", escape(json.dumps(value)))
+    out.print(table)
+    declared, registered = p["tools"]["declared"], set(p["tools"]["registered"])
+    out.print("  tools: " + (", ".join(f"{n}" + ("" if n in registered else " (not registered)") for n in declared) or "none declared"), highlight=False)
+    for line in p["refused"]:
+        out.print(f"  [yellow]refused[/yellow] {escape(printable(line))}", highlight=False)
 
 
 @tools_app.command("list")
@@ -172,7 +241,7 @@ def tools_list(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
     for col in ("name", "owner", "description"):
         table.add_column(col)
     for t in data["tools"]:
-        table.add_row(t["name"], t["owner"], t["description"])
+        table.add_row(t["name"], t["owner"], escape(printable(t["description"])))
     out.print(table)
 
 
@@ -203,7 +272,7 @@ def tools_call(
     try:
         for msg in _client(state_dir, (timeout or 3600) + 30).stream(req):
             if "output" in msg:
-                sys.stdout.write(msg["output"])
+                sys.stdout.write(printable_lines(msg["output"]))
                 sys.stdout.flush()
                 streamed = True
                 continue
@@ -221,7 +290,7 @@ def tools_call(
     if not resp.get("ok"):
         _fail(resp["error"]["message"])
     result = resp["data"]["result"]
-    print(result if isinstance(result, str) else json.dumps(result, indent=2))
+    print(printable_lines(result) if isinstance(result, str) else json.dumps(result, indent=2))
 
 
 @app.command()
@@ -241,17 +310,19 @@ def logs(
         path = paths.sandbox_log(sandbox)
         if not path.exists():
             _fail(f"no log for sandbox {sandbox!r} in {paths.logs}", 1)
+        # Escaped again (supervisor/printable.py): a log written before escaping, or
+        # by other hands, still cannot drive the terminal.
         for line in tail_lines(path, lines):
-            print(line)
+            print(printable(line))
         if follow:
             err.print("[yellow]the supervisor is not running; nothing more will come[/yellow]")
         return
     for line in _data_or_fail(first)["lines"]:
-        print(line)
+        print(printable(line))
     sys.stdout.flush()
     try:
         for msg in stream:
-            print(msg["line"], flush=True)
+            print(printable(msg["line"]), flush=True)
     except KeyboardInterrupt:
         pass
 

@@ -21,7 +21,21 @@ from sandbox.manifest import Backend, RestartRequest, SandboxRequest, format_val
 from supervisor.errors import ConfigError
 
 BUNDLED_PREFIX = "bundled:"
-BUNDLED_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+def _bundled_plugins() -> Path:
+    """The bundled plugins: beside this package in a checkout, else the installed
+    `clawsup.plugins` folder (found without importing any plugin code)."""
+    here = Path(__file__).resolve().parent.parent / "plugins"
+    if here.is_dir():
+        return here
+    import importlib.util
+
+    spec = importlib.util.find_spec("clawsup.plugins")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return here
+
+
+BUNDLED_PLUGINS = _bundled_plugins()
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "default_config.json5"
 
 
@@ -41,12 +55,39 @@ class PluginLoad(_Model):
     """Plugin folders: absolute, relative to this config file, or `bundled:NAME`."""
 
 
+Trust = Literal["untrusted", "trusted"]
+PluginBackend = Literal["auto", "process", "bwrap", "docker"]
+
+
+class RestartGrant(RestartRequest):
+    """The operator's restart policy. Floors (with the one on the period that
+    supervisor/plans.py computes from the backoff) so that a crash loop always spends
+    its budget and ends in `failed`: a 1 ms period never would."""
+
+    max_restarts: int | None = Field(default=None, ge=0, le=100)
+    period_seconds: float | None = Field(default=None, ge=1, le=86_400)
+    backoff_initial_seconds: float | None = Field(default=None, ge=0.05, le=3600)
+    backoff_max_seconds: float | None = Field(default=None, ge=0.05, le=3600)
+
+
+class SandboxGrant(SandboxRequest):
+    """What the operator grants one plugin (`plugins.entries.<id>.sandbox`)."""
+
+    backend: PluginBackend | None = None  # type: ignore[assignment]
+    restart: RestartGrant | None = None
+
+
 class PluginEntry(_Model):
     enabled: bool = True
+    trust: Trust = "untrusted"
+    """The operator's word, never the manifest's: an untrusted plugin runs only on an
+    isolating backend (bwrap, docker); `trusted` also allows `process`."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Handed to the plugin, after a check against its manifest's configSchema."""
-    sandbox: SandboxRequest = Field(default_factory=SandboxRequest)
-    """The operator's overrides; they win over what the manifest asks for."""
+    sandbox: SandboxGrant = Field(default_factory=SandboxGrant)
+    """What the operator grants this plugin, over `sandbox.defaults`. The manifest
+    only asks: each limit is the stricter of the two, and backend, network and
+    restart are the operator's alone."""
 
 
 class PluginsConfig(_Model):
@@ -55,7 +96,13 @@ class PluginsConfig(_Model):
 
 
 class SandboxDefaults(_Model):
-    backend: Backend = "process"
+    backend: PluginBackend = "auto"
+    """`auto`: bwrap where it works, else docker where an engine and the image are
+    there; a trusted plugin may also fall back to `process`, an untrusted one never
+    does (it is refused at start, with the reason)."""
+    network: bool = False
+    """Whether plugins get the network; a manifest that asks for it without this
+    grant (here or in `plugins.entries.<id>.sandbox`) runs without it."""
     call_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     memory_mb: int = Field(default=512, ge=32)
     cpu_seconds: int = Field(default=600, ge=1)
@@ -63,21 +110,52 @@ class SandboxDefaults(_Model):
     max_open_files: int = Field(default=256, ge=32)
     max_file_size_mb: int = Field(default=64, ge=1)
     cpus: float = Field(default=1.0, gt=0, le=64)
-    restart: RestartRequest = Field(
-        default_factory=lambda: RestartRequest(
+    max_workspace_mb: int = Field(default=1024, ge=1)
+    """The most a plugin's workspace may hold; past it the sandbox is killed
+    (`disk limit`), as for its memory limit."""
+    tmp_mb: int = Field(default=64, ge=1, le=65536)
+    """The size of a plugin's private /tmp and /dev/shm (bwrap, docker)."""
+    restart: RestartGrant = Field(
+        default_factory=lambda: RestartGrant(
             max_restarts=5, period_seconds=60.0, backoff_initial_seconds=0.5, backoff_max_seconds=30.0
         )
     )
 
 
+# Paths inside a workspace that make the host run code later (git runs hooks and
+# `core.fsmonitor` from .git; shells source rc files; direnv sources .envrc): read-only
+# to the sandbox, refused by the file tools. README "Security model".
+DEFAULT_PROTECTED_PATHS = (
+    ".git/hooks", ".git/config", ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile",
+    ".zshrc", ".zshenv", ".zprofile", ".zlogin", ".envrc",
+)  # fmt: skip
+
+
+class UidConfig(_Model):
+    """Where a root supervisor takes its sandboxes' uids from: a range, and a record
+    of who holds which, shared by every clawsup supervisor on the machine."""
+
+    first: int = Field(default=1_900_000_000, ge=1000, le=2**31 - 2)
+    count: int = Field(default=1_000_000, ge=16, le=2**30)
+    registry: str = "/var/lib/clawsup/uids.json"
+
+    @model_validator(mode="after")
+    def _in_range(self) -> UidConfig:
+        if self.first + self.count > 2**31 - 1:
+            raise ValueError("first + count: must stay below 2**31 - 1 (some tools mishandle larger uids)")
+        return self
+
+
 class SandboxConfig(_Model):
     defaults: SandboxDefaults = Field(default_factory=SandboxDefaults)
-    handshake_timeout_seconds: float = Field(default=10.0, gt=0)
-    heartbeat_interval_seconds: float = Field(default=2.0, gt=0)
-    heartbeat_timeout_seconds: float = Field(default=1.0, gt=0)
-    heartbeat_misses: int = Field(default=2, ge=1)
+    # Floors: a 1 ms heartbeat or handshake turns supervision into a busy loop, or
+    # kills every child before it can start.
+    handshake_timeout_seconds: float = Field(default=10.0, ge=0.5, le=600)
+    heartbeat_interval_seconds: float = Field(default=2.0, ge=0.1, le=600)
+    heartbeat_timeout_seconds: float = Field(default=1.0, ge=0.05, le=600)
+    heartbeat_misses: int = Field(default=2, ge=1, le=100)
     """Consecutive unanswered health checks before a child counts as hung and is killed."""
-    stop_grace_seconds: float = Field(default=2.0, gt=0)
+    stop_grace_seconds: float = Field(default=2.0, ge=0.1, le=60)
     """How long each polite step of a stop (Shutdown RPC, then SIGTERM) may take
     before the next, harsher one."""
     run_as: str = Field(default="auto", min_length=1)
@@ -85,6 +163,21 @@ class SandboxConfig(_Model):
     works, else as the supervisor), `supervisor`, or a user name or uid."""
     env_allowlist: list[str] = Field(default_factory=lambda: ["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ"])
     """The only variables of the supervisor's environment a child inherits."""
+    protected_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_PROTECTED_PATHS))
+    """Workspace-relative paths read-only to every sandbox and refused by the file
+    tools (a plugin's own manifest and entry are added for its sandbox)."""
+    uids: UidConfig = Field(default_factory=UidConfig)
+
+    @field_validator("protected_paths")
+    @classmethod
+    def _relative(cls, v: list[str]) -> list[str]:
+        out = []
+        for i, p in enumerate(v):
+            parts = [x for x in p.strip().split("/") if x not in ("", ".")]
+            if not parts or p.startswith("/") or ".." in parts:
+                raise ValueError(f"[{i}]: {p!r} must be a path inside the workspace, such as '.git/hooks'")
+            out.append("/".join(parts))
+        return out
 
 
 class ExecToolConfig(_OpenClaw):
@@ -95,7 +188,9 @@ class ExecToolConfig(_OpenClaw):
     """A command's deadline when the call does not ask for one."""
     max_timeout_seconds: float = Field(default=600.0, gt=0)
     """The longest deadline a call may ask for."""
-    max_output_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # At most 8 MiB: half of it (the head, or the marker and tail) travels in one
+    # message, and the supervisor takes at most 4 MiB in one (supervisor/host_client.py).
+    max_output_bytes: int = Field(default=64 * 1024, ge=1024, le=8 * 1024 * 1024)
     """Output beyond this keeps its head and tail, with a marker between them."""
     kill_grace_seconds: float = Field(default=2.0, gt=0, le=60)
     """From SIGTERM to SIGKILL when a command outlives its deadline."""
@@ -119,7 +214,7 @@ class AgentToAgentConfig(_OpenClaw):
 
 
 class FsToolsConfig(_OpenClaw):
-    read_max_bytes: int = Field(default=256 * 1024, ge=1024)
+    read_max_bytes: int = Field(default=256 * 1024, ge=1024, le=2 * 1024 * 1024)
     """The most `read` returns in one call; larger files are read with offset/limit."""
 
 
@@ -166,10 +261,18 @@ class AgentSandboxConfig(_OpenClaw):
     scope: Literal["agent", "session", "shared"] = "agent"
     """One workspace sandbox per agent, per session, or one for everything."""
     backend: WorkspaceBackend = "auto"
-    """`auto`: bwrap when it works on this machine, else process (with a warning:
-    the process backend is not a security boundary)."""
+    """`auto`: bwrap when it works on this machine, else docker; else, only when
+    `processFallback` allows it, process (said at start and in status: the process
+    backend is not a security boundary). A named backend that cannot work here is a
+    config error."""
+    process_fallback: bool = False
+    """Let `auto` fall back to the process backend when no isolating backend works
+    here. The bundled default config sets it so that a fresh machine starts; the
+    model's commands then run unconfined."""
     network: bool = False
     """Only bwrap and docker can take the network away; process always has it."""
+    max_workspace_mb: int = Field(default=4096, ge=1)
+    tmp_mb: int = Field(default=256, ge=1, le=65536)
     memory_mb: int = Field(default=1024, ge=64)
     max_processes: int = Field(default=256, ge=16)
     max_file_size_mb: int = Field(default=256, ge=1)

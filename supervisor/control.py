@@ -23,6 +23,7 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from sandbox.manifest import format_validation_error
+from sandbox.socket_paths import short_address
 from supervisor.errors import ClawsupError
 from supervisor.lifecycle import SandboxState
 from supervisor.channels.cli import CliChannel
@@ -44,6 +45,10 @@ class StatusReq(_Req):
 
 class ToolsReq(_Req):
     op: Literal["tools"]
+
+
+class PluginsReq(_Req):
+    op: Literal["plugins"]
 
 
 class CallReq(_Req):
@@ -111,7 +116,7 @@ class ChatReq(_Req):
     thread: str | None = None
 
 
-Request = Annotated[StatusReq | ToolsReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq, Field(discriminator="op")]
+Request = Annotated[StatusReq | ToolsReq | PluginsReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq, Field(discriminator="op")]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
@@ -140,7 +145,10 @@ class ControlServer:
             self._path.unlink()
         old = os.umask(0o177)  # born 0600: no window in which others may connect
         try:
-            self._server = await asyncio.start_unix_server(self._handle, path=str(self._path), limit=MAX_REQUEST)
+            # A deep state directory is reached through a descriptor of run/ (sun_path
+            # holds 107 bytes), never by moving the socket to /tmp.
+            with short_address(self._path) as address:
+                self._server = await asyncio.start_unix_server(self._handle, path=address, limit=MAX_REQUEST)
         finally:
             os.umask(old)
         os.chmod(self._path, 0o600)
@@ -192,7 +200,10 @@ class ControlServer:
         m = self._manager
         match req:
             case StatusReq():
-                await _send(writer, {"ok": True, "data": {"sandboxes": m.status(), "runs": self._subagents.tree() if self._subagents else []}})
+                runs = self._subagents.tree() if self._subagents else []
+                await _send(writer, {"ok": True, "data": {"sandboxes": m.status(), "runs": runs, "warnings": m.warnings}})
+            case PluginsReq():
+                await _send(writer, {"ok": True, "data": {"plugins": m.plugins()}})
             case ToolsReq():
                 tools = [{"name": r.name, "owner": r.owner, "sandbox": r.sandbox_id, "description": r.description} for r in m.registry.tools()]
                 await _send(writer, {"ok": True, "data": {"tools": tools}})
@@ -296,7 +307,8 @@ class ControlClient:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:
-            s.connect(str(self.path))
+            with short_address(self.path) as address:
+                s.connect(address)
         except (FileNotFoundError, ConnectionRefusedError):
             s.close()
             raise SupervisorNotRunning(self.path) from None

@@ -102,7 +102,8 @@ async def run_once(
             try:
                 await ready.wait()
                 if sb.lc.state is not SandboxState.READY:
-                    tail = "; ".join(sb.log.stderr_tail) or "no output"
+                    last = sb.lc.last_exit.reason if sb.lc.last_exit is not None else ""
+                    tail = "; ".join(x for x in (last, *sb.log.stderr_tail) if x) or "no output"
                     raise ClawsupError(f"the sandbox did not start ({sb.lc.state.value}): {tail}")
                 result = await sb.exec(
                     command,

@@ -22,7 +22,8 @@ from loguru import logger
 from sandbox.cgroup import CgroupRoot
 from sandbox.backends import backend_problem, make_launcher
 from sandbox.launcher import ChildUser, Launcher
-from sandbox.process import Warden, child_users_for, named_user, sandbox_uids
+from sandbox.process import Warden, child_users_for, named_user
+from sandbox.uids import SandboxUids, UidAllocator
 from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, ignored_keys, load_config
 from supervisor.control import ControlServer
 from supervisor.errors import ClawsupError, ConfigError
@@ -32,6 +33,7 @@ from supervisor.manager import SandboxManager
 from supervisor.messaging import Messaging
 from supervisor.paths import StatePaths
 from supervisor.plans import build_plans
+from supervisor.printable import clean_log_record
 from supervisor.registry import Registry
 from supervisor.run_journal import RunJournal
 from supervisor.subagents import SPAWN_TOOLS, Subagents, register_spawn_tools, run_backends
@@ -58,6 +60,9 @@ def setup_logging(paths: StatePaths, *, console: bool = True, transitions_shown:
     """The supervisor's own log, with loguru. When the CLI prints lifecycle
     transitions itself, the console sink leaves them out (the file keeps them)."""
     logger.remove()
+    # Messages quote children (tool names, refusal reasons, stderr tails): escaped on
+    # every record, so that none can forge a line or drive a terminal.
+    logger.configure(patcher=clean_log_record)
     if console:
         logger.add(
             sys.stderr,
@@ -81,7 +86,7 @@ def _lock_pidfile(paths: StatePaths) -> int:
     return fd
 
 
-def _choose_child_users(run_as: str, paths: StatePaths, plans: list[SandboxPlan], source: str) -> tuple[dict[str, ChildUser], Path]:
+def _choose_child_users(run_as: str, paths: StatePaths, plans: list[SandboxPlan], source: str, uids: SandboxUids) -> tuple[dict[str, ChildUser], Path]:
     """Who each sandbox's children run as (see `child_users_for`) and where their
     sockets go. The probe runs as such a user against the very paths a child needs."""
     ids = [p.sandbox_id for p in plans]
@@ -92,12 +97,15 @@ def _choose_child_users(run_as: str, paths: StatePaths, plans: list[SandboxPlan]
         return {}, paths.host_sockets()
     paths.open_path_for_children()
     sockets = paths.host_sockets(other_uid=True)
-    users, why = child_users_for(run_as, ids, sorted({p.plugin_dir for p in plans if p.plugin_dir is not None}), reach=[paths.sandboxes, sockets])
-    if why and run_as != "auto":
-        raise ConfigError(source, [why])
+    users, why = child_users_for(run_as, ids, sorted({p.plugin_dir for p in plans if p.plugin_dir is not None}), reach=[paths.sandboxes, sockets], own_uids=uids.users)
+    if why:
+        # Never a silent step down to root: a failed drop is a refusal.
+        raise ConfigError(source, [
+            f"sandbox.runAs: {why}. clawsup does not run them as root instead ({', '.join(ids)}). Install Python, clawsup "
+            "and the plugins where other users can read them (not under a 0700 home), or use the bwrap backend (it binds "
+            "them in), or set sandbox.runAs: \"supervisor\" to run this trusted code as root on purpose"
+        ])  # fmt: skip
     if not users:
-        if why:
-            logger.warning("{}", why)
         for d in (paths.root, paths.sandboxes):
             os.chmod(d, 0o700)
         return {}, paths.host_sockets()
@@ -130,25 +138,26 @@ async def _stop_idle_workspaces(workspaces: Workspaces, run: asyncio.Task[None])
         await workspaces.stop_idle()
 
 
-def _user_policy(run_as: str, process_users: dict[str, ChildUser]) -> Callable[[SandboxPlan], ChildUser | None]:
+def _user_policy(run_as: str, process_users: dict[str, ChildUser], uids: SandboxUids) -> Callable[[SandboxPlan], ChildUser | None]:
     """Process-backend plugins run as `_choose_child_users` found workable. Under
     bwrap the runtime is bound into the sandbox with open parents, so a root
     supervisor's `auto` always gives such a sandbox its own uid (also the workspace
-    sandboxes created later, one per agent or session)."""
+    sandboxes created later, one per agent or session). A root supervisor never runs
+    a container as root, so docker gets its own uid under `supervisor` too."""
 
     def user_for(plan: SandboxPlan) -> ChildUser | None:
         if plan.backend in ("bwrap", "docker"):
-            if os.geteuid() != 0 or run_as == "supervisor":
+            if os.geteuid() != 0 or (run_as == "supervisor" and plan.backend == "bwrap"):
                 return None
-            if run_as == "auto":
-                return sandbox_uids([plan.sandbox_id])[plan.sandbox_id]
+            if run_as in ("auto", "supervisor"):
+                return uids.user(plan.sandbox_id)
             return named_user(run_as)
         if plan.sandbox_id in process_users:
             return process_users[plan.sandbox_id]
         if plan.role in ("workspace", "subagent") and process_users and run_as == "auto":
             # Own uids work here (the probe said so): one for each workspace sandbox
             # and subagent run.
-            return sandbox_uids([plan.sandbox_id])[plan.sandbox_id]
+            return uids.user(plan.sandbox_id)
         if plan.role in ("workspace", "subagent") and process_users:
             return next(iter(process_users.values()))
         return None
@@ -156,7 +165,20 @@ def _user_policy(run_as: str, process_users: dict[str, ChildUser]) -> Callable[[
     return user_for
 
 
+def _non_dumpable() -> None:
+    """Processes of our own user (a plugin on the process backend, anything else the
+    operator runs) must not read our memory or environment, where the API keys are:
+    a non-dumpable process's /proc files belong to root and it cannot be ptraced."""
+    import ctypes
+
+    PR_SET_DUMPABLE = 4
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
 async def run_gateway(opts: GatewayOptions) -> int:
+    _non_dumpable()
     paths = StatePaths(opts.state_dir)
     paths.ensure()
     lock = _lock_pidfile(paths)
@@ -175,11 +197,14 @@ async def run_gateway(opts: GatewayOptions) -> int:
         s = cfg.sandbox
         workspace = settings_from_config(cfg, source=str(cfg_path))
         process_plans = [p for p in plans if p.backend == "process"]
-        if workspace.backend == "process":
-            # Probe for the workspace sandboxes too, even if no plugin runs on process.
-            process_plans.append(Workspaces(None, workspace).plan_for("workspace"))
-        users, sockets = _choose_child_users(s.run_as, paths, process_plans, str(cfg_path))
         run_backend = run_backends(cfg, source=str(cfg_path))
+        if workspace.backend == "process" or "process" in run_backend.values():
+            # Probe for the workspace sandboxes (and runs) too, even if no plugin runs on process.
+            process_plans.append(Workspaces(None, workspace).plan_for("workspace"))
+        uids = SandboxUids(UidAllocator(Path(s.uids.registry), s.uids.first, s.uids.count), paths.root)
+        if os.geteuid() == 0 and s.run_as == "auto":
+            uids.users(p.sandbox_id for p in plans)  # one visit to the machine's record for all of them
+        users, sockets = _choose_child_users(s.run_as, paths, process_plans, str(cfg_path), uids)
         needed = {"process", workspace.backend, *run_backend.values(), *(p.backend for p in plans)}
         for name in sorted(needed):
             if problem := backend_problem(name):
@@ -203,15 +228,24 @@ async def run_gateway(opts: GatewayOptions) -> int:
             ),
             env_allowlist=s.env_allowlist,
             sockets=sockets,
-            user_for=_user_policy(s.run_as, users),
+            user_for=_user_policy(s.run_as, users, uids),
+            release_user=uids.release,
         )
         manager.workspaces = workspaces = Workspaces(manager, workspace)
+        if workspace.unisolated:
+            manager.warnings.append(
+                f"the agent's commands are NOT isolated: its workspace sandboxes run on the process backend ({workspace.unisolated}); "
+                "install bubblewrap (apt-get install bubblewrap) or use docker to contain them"
+            )
+            logger.warning("{}", manager.warnings[-1])
         if workspace.scope != "session":
             # The default agent's workspace sandbox starts with the rest, so that the
             # first exec does not pay for a cold start and `clawsup logs` finds it.
             manager.add(workspaces.plan_for(workspaces.sandbox_id(None, None)))
         for plan in plans:
             sb = manager.add(plan)
+            for line in plan.refused:
+                sb.log.event(f"the manifest asked for more than is granted: {line}")
             if opts.on_transition is not None:
                 sb.lc.listeners.append(opts.on_transition)
         stop = asyncio.Event()

@@ -18,7 +18,7 @@ from typing import Any
 
 from loguru import logger
 
-from sandbox.launcher import ChildUser, Launcher
+from sandbox.launcher import ChildUser, Launcher, MiB
 from supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound, UnknownSandbox
 from supervisor.lifecycle import SandboxState
 from supervisor.paths import StatePaths
@@ -46,6 +46,7 @@ class SandboxManager:
         env_allowlist: Iterable[str],
         sockets: Path | None = None,
         user_for: Callable[[SandboxPlan], ChildUser | None] | None = None,
+        release_user: Callable[[str], None] | None = None,
     ) -> None:
         self.registry = registry
         self._launchers = dict(launchers)
@@ -58,7 +59,12 @@ class SandboxManager:
         self._sockets = sockets or paths.host_sockets()
         self._user_for = user_for or (lambda plan: None)
         """Who a sandbox's children run as (None: as the supervisor); see gateway."""
+        self._release_user = release_user
+        """Gives a discarded sandbox's uid back to the machine's record (sandbox/uids.py)."""
         self.sandboxes: dict[str, SupervisedSandbox] = {}
+        self.warnings: list[str] = []
+        """One line each, shown by `clawsup start` and `clawsup status` (such as the
+        agent's commands running unconfined on the process backend)."""
         self._logs: list[SandboxLog] = []
         self._later: dict[str, asyncio.Task[None]] = {}
 
@@ -147,7 +153,14 @@ class SandboxManager:
             sb.log.close()
             if remove_files:
                 for d in (sb.workspace_dir.parent, sb.run_dir):
-                    shutil.rmtree(d, ignore_errors=True)
+                    await asyncio.to_thread(shutil.rmtree, d, ignore_errors=True)
+                # Its files are gone, so its uid may serve another sandbox (once no
+                # process of it lives; the allocator checks that).
+                if self._release_user is not None:
+                    try:
+                        await asyncio.to_thread(self._release_user, sb.id)
+                    except Exception as e:
+                        logger.warning("{}: could not release its uid: {}", sb.id, e)
 
     async def _first_start(self, sb: SupervisedSandbox, timeout: float) -> None:
         try:
@@ -209,6 +222,38 @@ class SandboxManager:
 
     def status(self) -> list[dict[str, Any]]:
         return [sb.status() for sb in self.sandboxes.values()]
+
+    def plugins(self) -> list[dict[str, Any]]:
+        """For `clawsup plugins list/show`: each plugin's ask against its grant, who it
+        runs as and where, its tools declared against registered, and every refusal."""
+        out = []
+        for sb in self.sandboxes.values():
+            plan = sb.plan
+            if plan.role != "plugin":
+                continue
+            lim = plan.limits
+            registered = sorted(r.name for r in self.registry.owned_by(plan.plugin_id) if r.kind is Kind.TOOL)
+            out.append({
+                "id": plan.plugin_id,
+                "version": plan.plugin_version,
+                "folder": str(plan.plugin_dir),
+                "state": sb.lc.state.value,
+                "trust": "trusted" if plan.trusted else "untrusted",
+                "backend": plan.backend,
+                "uid": sb.status()["uid"],
+                "requested": plan.requested,
+                "granted": {
+                    "callTimeoutSeconds": lim.call_timeout_s, "memoryMb": lim.memory_bytes // MiB, "cpuSeconds": lim.cpu_seconds,
+                    "maxProcesses": lim.max_processes, "maxOpenFiles": lim.max_open_files,
+                    "maxFileSizeMb": lim.max_file_size_bytes // MiB, "cpus": lim.cpus,
+                    "maxWorkspaceMb": lim.workspace_bytes // MiB, "tmpMb": lim.tmp_bytes // MiB, "network": plan.network,
+                    "restart": {"maxRestarts": plan.restart.max_restarts, "periodSeconds": plan.restart.period_s,
+                                "backoffInitialSeconds": plan.restart.backoff_initial_s, "backoffMaxSeconds": plan.restart.backoff_max_s},
+                },  # fmt: skip
+                "tools": {"declared": sorted(plan.declared_tools), "registered": registered},
+                "refused": [*plan.refused, *(f"tool {name!r}: {why}" for name, why in sorted(sb.refusals.items()))],
+            })
+        return out
 
     def close(self) -> None:
         for log in self._logs:

@@ -1,25 +1,57 @@
 """From the operator's config and the plugins' manifests to one `SandboxPlan` per
 plugin. Manifests are read as JSON; no plugin code is imported. Every problem comes
-back as a `ConfigError` naming the key path or the plugin folder."""
+back as a `ConfigError` naming the key path or the plugin folder.
+
+The operator grants, the plugin only asks (DESIGN §5a): each limit is the stricter
+of the operator's value and the manifest's; backend, trust, network and the restart
+policy are the operator's alone. What a manifest asked and was refused loads with
+the operator's value and a warning naming the key (tests/test_trust.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import referencing
+import referencing.exceptions
+from loguru import logger
 
+from sandbox.backends import backend_problem
 from sandbox.launcher import Limits, MiB
-from sandbox.manifest import Manifest, ManifestError, RestartRequest, SandboxRequest, load_manifest
-from supervisor.config import ClawsupConfig, resolve_plugin_path
+from sandbox.manifest import MANIFEST_NAME, Manifest, ManifestError, RestartRequest, SandboxRequest, load_manifest
+from supervisor.config import ClawsupConfig, PluginEntry, resolve_plugin_path
 from supervisor.errors import ConfigError
 from supervisor.lifecycle import RestartPolicy
+from supervisor.names import reserved_reason
 from supervisor.supervised import SandboxPlan
 
 AVAILABLE_BACKENDS = frozenset({"process", "bwrap", "docker"})
+ISOLATING = ("bwrap", "docker")
+# The limits a manifest may ask for: (field, manifest key). Each is granted as the
+# stricter (smaller) of the ask and the operator's value.
+LIMIT_FIELDS = (
+    ("call_timeout_seconds", "callTimeoutSeconds"), ("memory_mb", "memoryMb"), ("cpu_seconds", "cpuSeconds"),
+    ("max_processes", "maxProcesses"), ("max_open_files", "maxOpenFiles"), ("max_file_size_mb", "maxFileSizeMb"),
+    ("cpus", "cpus"), ("max_workspace_mb", "maxWorkspaceMb"), ("tmp_mb", "tmpMb"),
+)  # fmt: skip
+# What one crash of a child that dies at start-up may take, start to death, when the
+# floor on the restart period is computed (see `restart_policy`).
+CRASH_ALLOWANCE_S = 2.0
+MIN_PERIOD_S = 10.0
 
 
-def build_plans(cfg: ClawsupConfig, *, config_source: str, config_dir: Path, extra_plugins: list[Path]) -> list[SandboxPlan]:
+def build_plans(
+    cfg: ClawsupConfig,
+    *,
+    config_source: str,
+    config_dir: Path,
+    extra_plugins: list[Path],
+    problem_of: Callable[[str], str] = backend_problem,
+) -> list[SandboxPlan]:
+    """`problem_of(backend)`: empty when that backend works here, else why not."""
     problems: list[str] = []
     folders: list[tuple[str, Path]] = [
         (f"plugins.load.paths[{i}]", resolve_plugin_path(p, config_dir)) for i, p in enumerate(cfg.plugins.load.paths)
@@ -33,26 +65,24 @@ def build_plans(cfg: ClawsupConfig, *, config_source: str, config_dir: Path, ext
         except ManifestError as e:
             problems.append(f"{where}: {e}")
             continue
+        if why := reserved_reason(manifest.id):
+            problems.append(f"{where}: plugin id {manifest.id!r} cannot be used: {why}; the plugin's author must choose another id")
+            continue
         if manifest.id in seen:
             if folder != seen[manifest.id]:
                 problems.append(f"{where}: plugin id {manifest.id!r} is also loaded from {seen[manifest.id]}")
             continue
         seen[manifest.id] = str(folder)
-        entry = cfg.plugins.entries.get(manifest.id)
-        if entry is not None and not entry.enabled:
+        entry = cfg.plugins.entries.get(manifest.id) or PluginEntry()
+        if not entry.enabled:
             continue
-        plugin_config = dict(entry.config) if entry else {}
+        plugin_config = dict(entry.config)
         if manifest.config_schema is not None:
             problems += _check_plugin_config(manifest, plugin_config)
-        request = _merge(_merge(_defaults_as_request(cfg), manifest.sandbox), entry.sandbox if entry else SandboxRequest())
-        backend = request.backend or "process"
-        if backend not in AVAILABLE_BACKENDS:
-            problems.append(
-                f"plugins.entries.{manifest.id}.sandbox.backend: backend {backend!r} is not available in this clawsup "
-                f"(available: {', '.join(sorted(AVAILABLE_BACKENDS))})"
-            )
-            continue
-        plans.append(_plan(manifest, folder, plugin_config, request, backend))
+        try:
+            plans.append(_plan(cfg, manifest, folder, entry, plugin_config, problem_of))
+        except ConfigError as e:
+            problems += e.problems
     for pid in cfg.plugins.entries:
         if pid not in seen:
             problems.append(f"plugins.entries.{pid}: no plugin with this id is loaded (check plugins.load.paths)")
@@ -62,68 +92,186 @@ def build_plans(cfg: ClawsupConfig, *, config_source: str, config_dir: Path, ext
 
 
 def _check_plugin_config(manifest: Manifest, config: dict[str, Any]) -> list[str]:
-    validator_cls = jsonschema.validators.validator_for(manifest.config_schema)
+    """The operator's config against the manifest's configSchema. The schema is data
+    from the plugin: a `$ref` resolves inside it or not at all, never over the
+    network or from a file (a remote `$ref` once made the gateway hang at start)."""
+    schema = manifest.config_schema
+    assert schema is not None
+    outside = sorted(_outside_refs(schema))
+    if outside:
+        return [f"plugin {manifest.id!r}: its configSchema refers outside the manifest ({', '.join(repr(r) for r in outside[:3])}); only local references such as '#/$defs/x' are followed"]
+    validator_cls = jsonschema.validators.validator_for(schema)
     try:
-        validator_cls.check_schema(manifest.config_schema)
+        validator_cls.check_schema(schema)
     except jsonschema.SchemaError as e:
         return [f"plugin {manifest.id!r}: its configSchema is not a valid JSON Schema: {e.message}"]
+    registry: referencing.Registry[Any] = referencing.Registry(retrieve=_refuse_retrieval)
     out = []
-    for err in validator_cls(manifest.config_schema).iter_errors(config):
-        path = ".".join(str(p) for p in err.absolute_path)
-        out.append(f"plugins.entries.{manifest.id}.config{'.' + path if path else ''}: {err.message}")
+    try:
+        for err in validator_cls(schema, registry=registry).iter_errors(config):
+            path = ".".join(str(p) for p in err.absolute_path)
+            out.append(f"plugins.entries.{manifest.id}.config{'.' + path if path else ''}: {err.message}")
+    except referencing.exceptions.Unresolvable as e:
+        return [f"plugin {manifest.id!r}: its configSchema has a reference that does not resolve inside it: {e}"]
     return out
 
 
-def _defaults_as_request(cfg: ClawsupConfig) -> SandboxRequest:
+def _refuse_retrieval(uri: str) -> referencing.Resource[Any]:
+    raise referencing.exceptions.NoSuchResource(ref=uri)
+
+
+def _outside_refs(node: Any) -> set[str]:
+    """Every `$ref`/`$dynamicRef` that does not point inside the schema itself."""
+    found: set[str] = set()
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("$ref", "$dynamicRef", "$recursiveRef") and isinstance(v, str) and not v.startswith("#"):
+                found.add(v)
+            else:
+                found |= _outside_refs(v)
+    elif isinstance(node, list):
+        for v in node:
+            found |= _outside_refs(v)
+    return found
+
+
+def _operator_grant(cfg: ClawsupConfig, entry: PluginEntry) -> tuple[SandboxRequest, str]:
+    """`sandbox.defaults` overridden by `plugins.entries.<id>.sandbox`, and the key
+    path the backend came from (for errors)."""
     d = cfg.sandbox.defaults
-    return SandboxRequest(
-        backend=d.backend,
-        call_timeout_seconds=d.call_timeout_seconds,
-        memory_mb=d.memory_mb,
-        cpu_seconds=d.cpu_seconds,
-        max_processes=d.max_processes,
-        max_open_files=d.max_open_files,
-        max_file_size_mb=d.max_file_size_mb,
-        cpus=d.cpus,
-        restart=d.restart,
-    )
-
-
-def _merge(base: SandboxRequest, over: SandboxRequest) -> SandboxRequest:
-    """Fields set in `over` win; `restart` merges field by field."""
-    fields = {k: v for k, v in over.model_dump(exclude_none=True).items() if k != "restart"}
+    base = SandboxRequest(
+        call_timeout_seconds=d.call_timeout_seconds, memory_mb=d.memory_mb, cpu_seconds=d.cpu_seconds,
+        max_processes=d.max_processes, max_open_files=d.max_open_files, max_file_size_mb=d.max_file_size_mb,
+        cpus=d.cpus, max_workspace_mb=d.max_workspace_mb, tmp_mb=d.tmp_mb, network=d.network, restart=d.restart,
+    )  # fmt: skip
+    over = entry.sandbox
+    fields = {k: v for k, v in over.model_dump(exclude_none=True).items() if k not in ("restart", "backend")}
     restart = base.restart or RestartRequest()
     if over.restart is not None:
         restart = restart.model_copy(update=over.restart.model_dump(exclude_none=True))
-    return base.model_copy(update={**fields, "restart": restart})
+    return base.model_copy(update={**fields, "restart": restart}), over.backend or d.backend
 
 
-def _plan(manifest: Manifest, folder: Path, plugin_config: dict[str, Any], r: SandboxRequest, backend: str) -> SandboxPlan:
-    assert r.call_timeout_seconds and r.memory_mb and r.cpu_seconds and r.max_processes and r.max_open_files and r.max_file_size_mb
-    rr = r.restart or RestartRequest()
+def _grant(pid: str, ask: SandboxRequest, op: SandboxRequest) -> tuple[dict[str, Any], bool, list[str]]:
+    """The granted limits, network, and a sentence per refused ask."""
+    refused: list[str] = []
+    granted: dict[str, Any] = {}
+    for name, key in LIMIT_FIELDS:
+        mine, theirs = getattr(op, name), getattr(ask, name)
+        granted[name] = mine
+        if theirs is None:
+            continue
+        if theirs <= mine:
+            granted[name] = theirs
+        else:
+            refused.append(f"sandbox.{key}: asked {theirs:g}, granted {mine:g} (raise it in plugins.entries.{pid}.sandbox.{key})")
+    network = bool(ask.network) and bool(op.network)
+    if ask.network and not op.network:
+        refused.append(f"sandbox.network: asked for the network, granted none (grant it with plugins.entries.{pid}.sandbox.network: true)")
+    return granted, network, refused
+
+
+def choose_backend(asked: str, *, trusted: bool, problem_of: Callable[[str], str]) -> tuple[str | None, str]:
+    """(backend, why not). `auto` takes the first isolating backend that works here;
+    only trusted code may end on `process`. Never a silent step down: an untrusted
+    plugin with no isolating backend gets None and the reasons."""
+    if asked == "auto":
+        reasons = []
+        for b in ISOLATING:
+            problem = problem_of(b)
+            if not problem:
+                return b, ""
+            reasons.append(f"{b}: {problem}")
+        if trusted:
+            return "process", ""
+        return None, "; ".join(reasons)
+    if asked == "process" and not trusted:
+        return None, "the process backend does not isolate it"
+    if problem := problem_of(asked):
+        return None, f"{asked}: {problem}"
+    return asked, ""
+
+
+def _plan(
+    cfg: ClawsupConfig, manifest: Manifest, folder: Path, entry: PluginEntry, plugin_config: dict[str, Any], problem_of: Callable[[str], str]
+) -> SandboxPlan:
+    pid = manifest.id
+    ask = manifest.sandbox
+    op, asked_backend = _operator_grant(cfg, entry)
+    trusted = entry.trust == "trusted"
+    granted, network, refused = _grant(pid, ask, op)
+    backend, why_not = choose_backend(asked_backend, trusted=trusted, problem_of=problem_of)
+    if backend is None:
+        key = f"plugins.entries.{pid}.sandbox.backend" if entry.sandbox.backend else "sandbox.defaults.backend"
+        raise ConfigError("", [
+            f"{key}: plugin {pid!r} is untrusted and cannot start: {why_not}. Either make an isolating backend work here "
+            "(apt-get install bubblewrap; or a Docker engine and scripts/build-sandbox-image), or, if you trust its author, "
+            f"set plugins.entries.{pid}.trust: \"trusted\" to let it run on the process backend"
+        ])  # fmt: skip
+    if ask.backend is not None and ask.backend != backend:
+        refused.append(f"sandbox.backend: asked {ask.backend!r}; the backend is the operator's choice ({backend!r})")
+    if ask.restart is not None:
+        theirs = ask.restart.model_dump(exclude_none=True)
+        mine = (op.restart or RestartRequest()).model_dump(exclude_none=True)
+        if any(mine.get(k) != v for k, v in theirs.items()):
+            refused.append(f"sandbox.restart: asked {_camel(theirs)}; the restart policy is the operator's ({_camel(mine)})")
+    restart, raised = restart_policy(op.restart or RestartRequest())
+    if raised:
+        logger.warning("plugin {!r}: {}", pid, raised)
+    for line in refused:
+        logger.warning("plugin {!r} asked for more than it is granted: {}", pid, line)
+    protected = [*cfg.sandbox.protected_paths, MANIFEST_NAME, manifest.entry if manifest.entry.endswith(".py") else manifest.entry.replace(".", "/") + ".py"]
     return SandboxPlan(
-        sandbox_id=manifest.id,
-        plugin_id=manifest.id,
+        sandbox_id=pid,
+        plugin_id=pid,
         plugin_dir=folder,
         plugin_version=manifest.version,
         entry=manifest.entry,
         declared_tools=frozenset(manifest.contracts.tools),
         plugin_config=plugin_config,
         limits=Limits(
-            call_timeout_s=r.call_timeout_seconds,
-            memory_bytes=r.memory_mb * MiB,
-            cpu_seconds=r.cpu_seconds,
-            max_processes=r.max_processes,
-            max_open_files=r.max_open_files,
-            max_file_size_bytes=r.max_file_size_mb * MiB,
-            cpus=r.cpus or 1.0,
+            call_timeout_s=granted["call_timeout_seconds"],
+            memory_bytes=granted["memory_mb"] * MiB,
+            cpu_seconds=granted["cpu_seconds"],
+            max_processes=granted["max_processes"],
+            max_open_files=granted["max_open_files"],
+            max_file_size_bytes=granted["max_file_size_mb"] * MiB,
+            cpus=granted["cpus"] or 1.0,
+            workspace_bytes=granted["max_workspace_mb"] * MiB,
+            tmp_bytes=granted["tmp_mb"] * MiB,
         ),
-        restart=RestartPolicy(
-            max_restarts=rr.max_restarts if rr.max_restarts is not None else 5,
-            period_s=rr.period_seconds or 60.0,
-            backoff_initial_s=rr.backoff_initial_seconds if rr.backoff_initial_seconds is not None else 0.5,
-            backoff_max_s=rr.backoff_max_seconds if rr.backoff_max_seconds is not None else 30.0,
-        ),
+        restart=restart,
         backend=backend,
-        network=bool(r.network) if r.network is not None else False,
+        network=network,
+        trusted=trusted,
+        protected_paths=tuple(dict.fromkeys(protected)),
+        requested=ask.model_dump(by_alias=True, exclude_none=True),
+        refused=tuple(refused),
     )
+
+
+def restart_policy(r: RestartRequest) -> tuple[RestartPolicy, str]:
+    """The policy, with its period raised where it is too short for a crash loop to
+    spend the budget (deaths spaced by the backoff would each fall outside the
+    window, and the loop would never reach `failed`); and a sentence saying so."""
+    policy = RestartPolicy(
+        max_restarts=r.max_restarts if r.max_restarts is not None else 5,
+        period_s=r.period_seconds or 60.0,
+        backoff_initial_s=r.backoff_initial_seconds if r.backoff_initial_seconds is not None else 0.5,
+        backoff_max_s=r.backoff_max_seconds if r.backoff_max_seconds is not None else 30.0,
+    )
+    floor = max(MIN_PERIOD_S, period_floor(policy))
+    if policy.period_s >= floor:
+        return policy, ""
+    raised = RestartPolicy(max_restarts=policy.max_restarts, period_s=floor, backoff_initial_s=policy.backoff_initial_s, backoff_max_s=policy.backoff_max_s)
+    return raised, f"restart.periodSeconds {policy.period_s:g} is too short for {policy.max_restarts} restarts to end a crash loop; using {floor:g}"
+
+
+def period_floor(p: RestartPolicy) -> float:
+    """How long `max_restarts` fast crashes take with their backoffs."""
+    backoffs = sum(min(p.backoff_initial_s * 2**i, p.backoff_max_s) for i in range(p.max_restarts))
+    return backoffs + p.max_restarts * CRASH_ALLOWANCE_S
+
+
+def _camel(d: dict[str, Any]) -> dict[str, Any]:
+    return {RestartRequest.model_fields[k].alias or k: v for k, v in d.items()}

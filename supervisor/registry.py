@@ -9,6 +9,7 @@ supervisor. Not thread-safe by design: only the supervisor's event loop touches 
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,11 @@ from loguru import logger
 from supervisor.errors import RegistrationRefused
 
 CORE_OWNER = "core"
+# What a tool's metadata may weigh: it is kept here and sent to the model on every
+# turn, so a plugin's 20 MB description would cost every conversation
+# (tests/test_trust.py::test_oversized_metadata_is_refused).
+MAX_DESCRIPTION_CHARS = 4096
+MAX_SCHEMA_BYTES = 32 * 1024
 
 
 class Kind(enum.Enum):
@@ -61,6 +67,11 @@ class Registry:
                 lost[name] = holder
         return lost
 
+    def claimable(self, owner: str, kind: Kind, names: frozenset[str]) -> list[str]:
+        """Those of `names` that `owner` may hold: not reserved, not claimed first by
+        another owner. What a plugin's host is allowed to serve at all."""
+        return sorted(n for n in names if n not in self.reserved and self._claims.get((kind, n), owner) == owner)
+
     def register(self, reg: Registration, *, declared: frozenset[str] | None = None) -> Registration:
         """Add one registration or raise `RegistrationRefused` (which the caller logs;
         the owner's other registrations are unaffected). `declared` is the manifest's
@@ -69,6 +80,13 @@ class Registry:
             raise RegistrationRefused(reg.owner, reg.name, f"its manifest does not declare it in contracts.{reg.kind.value}s")
         if reg.owner != CORE_OWNER and reg.name in self.reserved:
             raise RegistrationRefused(reg.owner, reg.name, "the name belongs to a core tool")
+        if len(reg.description) > MAX_DESCRIPTION_CHARS:
+            raise RegistrationRefused(reg.owner, reg.name, f"its description has {len(reg.description)} characters; the most is {MAX_DESCRIPTION_CHARS}")
+        schema_size = len(json.dumps(reg.input_schema))
+        if schema_size > MAX_SCHEMA_BYTES:
+            raise RegistrationRefused(reg.owner, reg.name, f"its input schema is {schema_size} bytes of JSON; the most is {MAX_SCHEMA_BYTES}")
+        if not isinstance(reg.input_schema, dict) or reg.input_schema.get("type", "object") != "object":
+            raise RegistrationRefused(reg.owner, reg.name, 'its input schema must be a JSON Schema object with "type": "object"')
         held = self._by_key.get((reg.kind, reg.name))
         if held is not None and held.owner != reg.owner:
             raise RegistrationRefused(reg.owner, reg.name, f"plugin {held.owner!r} already holds it")

@@ -232,7 +232,9 @@ def run_backends(cfg: ClawsupConfig, *, source: str) -> dict[str, str]:
         i, a = entries.get(agent_id, (0, None))
         own = a.sandbox.backend if a is not None and a.sandbox is not None else None
         key = f"agents.list[{i}].sandbox.backend" if own else "agents.defaults.sandbox.backend"
-        out[agent_id] = resolve_backend(own or default, key, f"agent {agent_id!r}'s subagent runs", source=source)
+        out[agent_id], _ = resolve_backend(
+            own or default, key, f"agent {agent_id!r}'s subagent runs", source=source, fallback=cfg.agents.defaults.sandbox.process_fallback
+        )
     return out
 
 

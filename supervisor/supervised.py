@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import secrets
 import signal
 from dataclasses import dataclass, field
@@ -28,6 +29,9 @@ from loguru import logger
 from sandbox.handshake import HandshakeError
 from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, Launcher, Limits
 from sandbox.handshake import GatePayload
+from sandbox.socket_paths import UnsafeSocket, dial_address, open_child_socket
+from sandbox.manifest import TOOL_NAME_PATTERN
+from sandbox.protected import ProtectedPathError
 from supervisor import child_requests
 from supervisor.errors import (
     ClawsupError,
@@ -37,11 +41,13 @@ from supervisor.errors import (
     ToolFailed,
     ToolTimeout,
 )
-from supervisor.host_client import ExecResult, HostAuthError, HostClient
+from supervisor.host_client import ExecResult, HostClient, HostMisbehaved
 from supervisor.lifecycle import ALIVE, Lifecycle, RestartPolicy, SandboxState, Transition
+from supervisor.paths import child_dir, own_dir, workspace_tmp
 from supervisor.registry import Kind, Registration, Registry
 from supervisor.child_output import ChildOutput
 from supervisor.sandbox_log import SandboxLog
+from supervisor.disk_usage import WorkspaceDisk
 
 S = SandboxState
 SETTLED = frozenset({S.READY, S.CRASHED, S.BACKOFF, S.FAILED})
@@ -87,6 +93,11 @@ class SandboxPlan:
     model-written commands and are never trusted."""
     protected_paths: tuple[str, ...] = ()
     """Workspace-relative paths read-only to the child (see LaunchSpec)."""
+    requested: dict[str, Any] = field(default_factory=dict)
+    """What the manifest asked for (`sandbox`), for `clawsup plugins show`."""
+    refused: tuple[str, ...] = ()
+    """Each part of the manifest's ask the operator's config did not grant, as a
+    sentence (also logged at start)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +149,9 @@ class Incarnation:
         self.kill_task: asyncio.Task[None] | None = None
         self.tg: asyncio.TaskGroup | None = None
         self.call_ids = itertools.count(1)
+        self.dial_fd: int | None = None
+        """An O_PATH descriptor of the child's socket, checked once and dialled as
+        /proc/self/fd/N ever after (sandbox/socket_paths.py); closed after the client."""
 
 
 class SupervisedSandbox:
@@ -162,6 +176,9 @@ class SupervisedSandbox:
         self._registry = registry
         self._timing = timing
         self._dirs = dirs
+        self._disk = WorkspaceDisk(dirs.workspace, plan.limits.workspace_bytes, grow_only=dirs.operator_workspace)
+        self._disk_poke = asyncio.Event()
+        """Set after each call, so that the workspace is measured then too."""
         self._workspace = dirs.workspace
         self._run_dir = dirs.run_dir
         self._run_as = run_as
@@ -177,6 +194,9 @@ class SupervisedSandbox:
         self.services: dict[str, child_requests.Service] = {}
         """What this sandbox may ask beyond `log` (a subagent run's model and tool
         calls); set by whoever made it, see supervisor/child_requests.py."""
+        self.refusals: dict[str, str] = {}
+        """Tool name -> why the registry refused it, from the last Describe (for
+        `clawsup plugins show`)."""
         self._start_wanted = asyncio.Event()
         self._stop_wanted = False
         self._stop_reason = ""
@@ -217,6 +237,12 @@ class SupervisedSandbox:
             "id": self.id,
             "plugin": self.plan.plugin_id,
             "backend": self.plan.backend,
+            "role": self.plan.role,
+            "trust": "trusted" if self.plan.trusted else "untrusted",
+            "uid": self._run_as.uid if self._run_as is not None else None,
+            # What the child really has: the process backend cannot take it away.
+            "network": self.plan.network or self.plan.backend == "process",
+            "memory_limit_bytes": self.plan.limits.memory_bytes,
             "state": self.lc.state.value,
             "pid": inc.child.pid if inc else None,
             "restarts": self.lc.restarts,
@@ -268,7 +294,9 @@ class SupervisedSandbox:
         except Exception as e:  # the launch itself failed: counts as a death
             status = ExitStatus(reason=f"launch failed: {e}")
             self.log.event(f"could not start the child: {e}")
-            logger.opt(exception=e).error("{}: could not start the child: {}", self.id, e)
+            # A refusal that explains itself (a planted symlink at a protected path)
+            # needs no traceback; anything else is a bug worth one.
+            logger.opt(exception=None if isinstance(e, ProtectedPathError) else e).error("{}: could not start the child: {}", self.id, e)
             if self.lc.state is S.DRAINING:
                 return status, None
             delay = self.lc.record_death(status)
@@ -292,6 +320,8 @@ class SupervisedSandbox:
             inc.output.close()
             if inc.client is not None:
                 await inc.client.close()
+            if inc.dial_fd is not None:
+                os.close(inc.dial_fd)
             child.close()
 
     def _on_death(self, inc: Incarnation, raw: ExitStatus) -> tuple[ExitStatus, float | None]:
@@ -332,8 +362,8 @@ class SupervisedSandbox:
         d = self._dirs.private
         if d is None:
             return None
-        d.mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o711)
+        own_dir(d.parent, 0o711)
+        own_dir(d, 0o711)
         return d
 
     async def _launch(self) -> Child:
@@ -342,14 +372,18 @@ class SupervisedSandbox:
             # The operator's own folder (`clawsup exec run --workspace`): used as is.
             env.update(HOME=str(self._workspace))
         else:
-            self._workspace.mkdir(parents=True, exist_ok=True)
-            # Enter-only: a child running as another user reaches its workspace by name.
-            os.chmod(self._workspace.parent, 0o711)
-            os.chmod(self._workspace, 0o700)
-            (self._workspace / ".tmp").mkdir(exist_ok=True)
-            env.update(HOME=str(self._workspace), TMPDIR=str(self._workspace / ".tmp"))
-        self._run_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self._run_dir, 0o700)
+            # The sandbox's folder is ours (enter-only: a child running as another
+            # user reaches its workspace by name); the workspace is the child's, and
+            # what is in it is touched by descriptor only (supervisor/paths.py).
+            own_dir(self._workspace.parent, 0o711)
+            child_dir(self._workspace, 0o700)
+            env.update(HOME=str(self._workspace))
+            tmp, notes = workspace_tmp(self._workspace)
+            for note in notes:
+                self.log.event(note)
+            if tmp is not None:
+                env.update(TMPDIR=str(tmp))
+        child_dir(self._run_dir, 0o700)
         supervisor_token, host_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         self._tokens = (supervisor_token, host_token)
         spec = LaunchSpec(
@@ -373,6 +407,7 @@ class SupervisedSandbox:
                 entry=self.plan.entry,
                 plugin_config=self.plan.plugin_config,
                 role=self.plan.role,
+                tools=self._registry.claimable(self.plan.plugin_id, Kind.TOOL, self.plan.declared_tools) if self.plan.role == "plugin" else None,
                 workspace_tools=self.plan.workspace_tools,
             ),
         )
@@ -404,13 +439,22 @@ class SupervisedSandbox:
         # sandbox's socket. (The handshake's address matters only as a sanity check.)
         if hs.address != inc.child.socket_path:
             self.log.event(f"handshake names {hs.address}, dialling the assigned {inc.child.socket_path}")
-        inc.client = HostClient(inc.child.socket_path, *self._tokens)
+        # The socket's folder is the child's to write: the name is opened once,
+        # without following or blocking, checked, and dialled by descriptor, so that
+        # no later swap of the name (a symlink to a listener of the plugin's own, that
+        # would get the tokens) changes where a reconnect goes.
+        try:
+            inc.dial_fd = open_child_socket(inc.child.socket_path)
+        except (UnsafeSocket, OSError) as e:
+            self.kill(inc, f"refusing to dial the child's socket: {e}", polite=False)
+            return
+        inc.client = HostClient(dial_address(inc.dial_fd), *self._tokens)
         try:
             if not await inc.client.health(timeout=t.handshake_timeout_s):
                 self.kill(inc, "health check did not say SERVING after the handshake", polite=False)
                 return
             desc = await inc.client.describe(DESCRIBE_TIMEOUT_S)
-        except (grpc.aio.AioRpcError, HostAuthError) as e:
+        except (grpc.aio.AioRpcError, HostMisbehaved) as e:
             self.kill(inc, f"bring-up failed: {_rpc_text(e)}", polite=False)
             return
         if desc.plugin_id != self.plan.plugin_id:
@@ -423,11 +467,18 @@ class SupervisedSandbox:
         self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._heartbeat(inc), name=f"{self.id}#{inc.number} heartbeat")
+            tg.create_task(self._watch_disk(inc), name=f"{self.id}#{inc.number} disk")
             tg.create_task(self._serve_stream(inc), name=f"{self.id}#{inc.number} stream")
 
     def _accept(self, tools: Any) -> None:
         """The supervisor is the judge: a refused tool is logged, the rest stay."""
+        self.refusals = {}
         for spec in tools:
+            if not re.fullmatch(TOOL_NAME_PATTERN, spec.name):
+                shown = repr(spec.name[:64]) + ("…" if len(spec.name) > 64 else "")
+                self.refusals[spec.name[:64]] = "not a valid tool name (letters, digits, _ and -, at most 64)"
+                self.log.event(f"refused tool {shown}: not a valid tool name (letters, digits, _ and -, at most 64)")
+                continue
             reg = Registration(
                 kind=Kind.TOOL,
                 name=spec.name,
@@ -439,6 +490,7 @@ class SupervisedSandbox:
             try:
                 self._registry.register(reg, declared=self.plan.declared_tools)
             except RegistrationRefused as e:
+                self.refusals[spec.name[:64]] = e.reason
                 self.log.event(f"refused: {e}")
                 logger.warning("{}: {}", self.id, e)
 
@@ -460,6 +512,20 @@ class SupervisedSandbox:
             if not serving:
                 self.kill(inc, "host reported NOT_SERVING (a handler overran its timeout and cannot be interrupted)", polite=False)
                 return
+
+    async def _watch_disk(self, inc: Incarnation) -> None:
+        """Measures the workspace at READY, then every heartbeat interval and after
+        each call (supervisor/disk_usage.py). Past its limit the child is killed at
+        once, reported as a memory kill is (tests/test_sandbox_walls.py)."""
+        while True:
+            if (reason := await self._disk.over()) is not None:
+                self.kill(inc, reason, polite=False)
+                inc.child.kill_all()  # no grace: a writer would go on writing
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._timing.heartbeat_interval_s):
+                    await self._disk_poke.wait()
+            self._disk_poke.clear()
 
     async def _serve_stream(self, inc: Incarnation) -> None:
         """Answers the child's requests for as long as it lives. Quick ones (`log`)
@@ -496,7 +562,7 @@ class SupervisedSandbox:
                         tg.create_task(serve(msg.request), name=f"{self.id} {msg.request.method}")
                     elif (reply := child_requests.answer(who, msg.request)) is not None:
                         await write(reply)
-        except* (grpc.aio.AioRpcError, HostAuthError) as eg:
+        except* (grpc.aio.AioRpcError, HostMisbehaved) as eg:
             # The stream ends when the child dies; the exit watcher reports that. A
             # stream that fails while the child lives is worth a line.
             if not inc.died.done():
@@ -596,7 +662,7 @@ class SupervisedSandbox:
         async with self._in_flight(inc, call, "exec", timeout):
             # Read to the stream's end (the status follows the result at once): a
             # call left open would have to be cancelled, which costs more.
-            async for item in inc.client.exec_events(call):
+            async for item in inc.client.exec_events(call, output_cap):
                 if isinstance(item, ExecResult):
                     result = item
                 elif on_output is not None:
@@ -631,12 +697,13 @@ class SupervisedSandbox:
             raise
         except grpc.aio.AioRpcError as e:
             raise await self._rpc_failure(inc, tool, limit, e) from None
-        except HostAuthError as e:
-            raise ToolFailed(tool, self.plan.plugin_id, "auth", str(e)) from None
+        except HostMisbehaved as e:
+            raise ToolFailed(tool, self.plan.plugin_id, e.kind, str(e)) from None
         finally:
             if not call.done():
                 call.cancel()
             inc.inflight.discard(call)
+            self._disk_poke.set()
 
     def _ready_incarnation(self) -> Incarnation:
         inc = self.inc

@@ -123,6 +123,10 @@ class WorkspaceSettings:
     screen: ExecScreen = field(default_factory=ExecScreen)
     read_max_bytes: int = 256 * 1024
     idle_stop_s: float = 600.0
+    protected_paths: tuple[str, ...] = ()
+    unisolated: str = ""
+    """Why the model's commands run on the process backend (the fallback was taken),
+    said at start and in `clawsup status`; empty when they are isolated."""
 
 
 def workspace_sandbox_id(scope: str, agent: str, session: str | None) -> str:
@@ -163,7 +167,12 @@ class Workspaces:
             backend=s.backend,
             role="workspace",
             network=s.network,
-            workspace_tools={"shell": s.exec.shell, "kill_grace_s": s.exec.kill_grace_s, "read_max_bytes": s.read_max_bytes},
+            trusted=False,
+            protected_paths=s.protected_paths,
+            workspace_tools={
+                "shell": s.exec.shell, "kill_grace_s": s.exec.kill_grace_s, "read_max_bytes": s.read_max_bytes,
+                "protected_paths": list(s.protected_paths),
+            },  # fmt: skip
         )
 
     def sandbox_id(self, agent: str | None, session: str | None, pinned: str | None = None) -> str:
@@ -295,7 +304,7 @@ def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSetting
     bwrap where bwrap works, else process (with a warning, since the process backend
     is no security boundary)."""
     a = cfg.agents.defaults.sandbox
-    backend = resolve_backend(a.backend, "agents.defaults.sandbox.backend", "exec and file tools", source=source)
+    backend, unisolated = resolve_backend(a.backend, "agents.defaults.sandbox.backend", "exec and file tools", source=source, fallback=a.process_fallback)
     e = cfg.tools.exec
     d = cfg.sandbox.defaults
     return WorkspaceSettings(
@@ -308,6 +317,8 @@ def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSetting
             cpu_seconds=a.cpu_seconds,
             max_file_size_bytes=a.max_file_size_mb * MiB,
             max_open_files=max(d.max_open_files, 1024),
+            workspace_bytes=a.max_workspace_mb * MiB,
+            tmp_bytes=a.tmp_mb * MiB,
         ),
         restart=RestartPolicy(
             max_restarts=d.restart.max_restarts if d.restart.max_restarts is not None else 5,
@@ -325,21 +336,36 @@ def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSetting
         screen=screen_from_config(cfg),
         read_max_bytes=cfg.tools.fs.read_max_bytes,
         idle_stop_s=a.idle_stop_seconds,
+        protected_paths=tuple(cfg.sandbox.protected_paths),
+        unisolated=unisolated,
     )
 
 
-def resolve_backend(backend: str, key: str, what: str, *, source: str) -> str:
-    """`auto` becomes bwrap where bwrap works, else process, with a warning naming
-    `what` runs unconfined; a named backend that cannot work here is a config error."""
-    if backend == "auto":
-        problem = backend_problem("bwrap")
-        if problem:
-            logger.warning("{} run under the process backend, which is NOT a security boundary ({}); install bubblewrap to contain them", what, problem)
-            return "process"
-        return "bwrap"
-    if problem := backend_problem(backend):
-        raise ConfigError(source, [f"{key}: {problem}"])
-    return backend
+def resolve_backend(backend: str, key: str, what: str, *, source: str, fallback: bool = False) -> tuple[str, str]:
+    """The backend for sandboxes that run model-written commands, and, when it is
+    `process`, why (said at start and in status). `auto` takes bwrap, else docker;
+    the process backend only where `fallback` allows it, never silently. A named
+    backend that cannot work here, or no isolating one without the fallback, is a
+    config error that names the ways out."""
+    if backend != "auto":
+        if problem := backend_problem(backend):
+            raise ConfigError(source, [f"{key}: {problem}"])
+        return backend, ("configured" if backend == "process" else "")
+    reasons = []
+    for b in ("bwrap", "docker"):
+        problem = backend_problem(b)
+        if not problem:
+            return b, ""
+        reasons.append(f"{b}: {problem}")
+    why = "; ".join(reasons)
+    if not fallback:
+        raise ConfigError(source, [
+            f"{key}: {what} need an isolating backend and none works here ({why}). Install bubblewrap "
+            "(apt-get install bubblewrap) or start a Docker engine with the sandbox image (scripts/build-sandbox-image); "
+            f"or accept unconfined commands with {key.rsplit('.', 1)[0]}.processFallback: true"
+        ])  # fmt: skip
+    logger.warning("{} run under the process backend, which is NOT a security boundary ({}); install bubblewrap to contain them", what, why)
+    return "process", why
 
 
 def screen_from_config(cfg: ClawsupConfig) -> ExecScreen:

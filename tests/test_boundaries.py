@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = ("plugins", "sandbox.host", "sandbox.api", "pluggy")
+FORBIDDEN = ("plugins", "clawsup.plugins", "sandbox.host", "sandbox.api", "pluggy")
 
 
 def _imports(path: Path) -> set[str]:
@@ -39,7 +39,7 @@ def test_supervisor_source_imports_no_plugin_code() -> None:
 def test_running_supervisor_modules_load_no_plugin_code() -> None:
     code = (
         "import sys, supervisor.cli, supervisor.gateway, supervisor.manager, supervisor.control;"
-        "print(sorted(m for m in sys.modules if m == 'pluggy' or m.startswith(('sandbox.host', 'sandbox.api', 'plugins'))))"
+        "print(sorted(m for m in sys.modules if m == 'pluggy' or m.startswith(('sandbox.host', 'sandbox.api', 'plugins', 'clawsup.plugins'))))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert r.returncode == 0, r.stderr

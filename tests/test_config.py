@@ -13,10 +13,11 @@ from sandbox.manifest import ManifestError, load_manifest
 from supervisor.config import DEFAULT_CONFIG, load_config, parse_config
 from supervisor.errors import ConfigError
 from supervisor.plans import build_plans
-from tests.conftest import PLUGINS, make_config
+from tests.conftest import PLUGINS, make_config, trust_our_plugins
 
 
 def plans_for(cfg_dict: dict, tmp_path: Path, extra: list[Path] | None = None):
+    trust_our_plugins(cfg_dict, extra or [])
     cfg = parse_config(json.dumps(cfg_dict), "clawsup.json")
     return build_plans(cfg, config_source="clawsup.json", config_dir=tmp_path, extra_plugins=extra or [])
 
@@ -74,21 +75,23 @@ def test_disabled_plugin_is_not_planned(tmp_path: Path) -> None:
     assert plans_for(cfg, tmp_path) == []
 
 
-def test_limits_merge_defaults_manifest_then_operator(tmp_path: Path) -> None:
+def test_each_limit_is_the_stricter_of_the_ask_and_the_grant(tmp_path: Path) -> None:
     cfg = make_config()
     cfg["sandbox"]["defaults"].update(memoryMb=300, cpuSeconds=99)
-    cfg["plugins"]["entries"]["basics"] = {"sandbox": {"callTimeoutSeconds": 7, "restart": {"maxRestarts": 9}}}
+    cfg["plugins"]["entries"]["basics"] = {"sandbox": {"callTimeoutSeconds": 4, "restart": {"maxRestarts": 9}}}
     [plan] = plans_for(cfg, tmp_path)
-    assert plan.limits.memory_bytes == 256 * 2**20  # the manifest asks for 256
-    assert plan.limits.cpu_seconds == 99  # the operator's default
-    assert plan.limits.call_timeout_s == 7  # the operator's override beats the manifest's 5
+    assert plan.limits.memory_bytes == 256 * 2**20  # the manifest asks for 256, under the operator's 300
+    assert plan.limits.cpu_seconds == 99  # the operator's default; the manifest asks nothing
+    assert plan.limits.call_timeout_s == 4  # the operator's grant, under the manifest's 5
     assert plan.restart.max_restarts == 9 and plan.restart.backoff_initial_s == 0.1
+    # Asking for 5 s against a grant of 4 is asking for more: loaded, with the key named.
+    assert plan.refused == ("sandbox.callTimeoutSeconds: asked 5, granted 4 (raise it in plugins.entries.basics.sandbox.callTimeoutSeconds)",)
 
 
 def test_unknown_backend_is_refused(tmp_path: Path) -> None:
     cfg = make_config()
     cfg["plugins"]["entries"]["basics"] = {"sandbox": {"backend": "vm"}}
-    with pytest.raises(ConfigError, match=r"plugins\.entries\.basics\.sandbox\.backend: Input should be 'process', 'bwrap' or 'docker'"):
+    with pytest.raises(ConfigError, match=r"plugins\.entries\.basics\.sandbox\.backend: Input should be 'auto', 'process', 'bwrap' or 'docker'"):
         plans_for(cfg, tmp_path)
 
 

@@ -386,7 +386,7 @@ def test_shutdown_with_many_children_leaves_no_orphans(gateway_factory, state_di
 
 def test_stop_while_starting(gateway_factory) -> None:
     # A child that never finishes starting: hangs during registration, every time.
-    entry = {"config": {"onRegister": "hang"}, "sandbox": {"restart": {"maxRestarts": 100, "backoffInitialSeconds": 0, "backoffMaxSeconds": 0}}}
+    entry = {"config": {"onRegister": "hang"}, "sandbox": {"restart": {"maxRestarts": 100, "backoffInitialSeconds": 0.05, "backoffMaxSeconds": 0.05}}}
     gw = gateway_factory(chaos_config(entry, sandbox__handshakeTimeoutSeconds=5))
     gw.wait("chaos", "starting")
     gw.wait_log("chaos", "hanging during registration")

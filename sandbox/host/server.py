@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 import traceback
@@ -28,6 +29,7 @@ from sandbox.host.files import Workspace
 from sandbox.host.link import SupervisorLink
 from sandbox.host.subagent import run_task
 from sandbox.host.loader import load_plugin
+from sandbox.socket_paths import short_address
 
 PROTOCOL = "clawsup.v1"
 # Sync handlers run here. Threads, not processes: the sandbox is the isolation unit.
@@ -107,7 +109,7 @@ class HostServicer(pb_grpc.HostServicer):
         context.set_trailing_metadata(self._host_md)
         tools = [
             pb.ToolSpec(name=t.name, description=t.description, input_schema_json=json.dumps(t.input_schema))
-            for t in self._api.tools.values()
+            for t in (*self._api.tools.values(), *self._api.not_served.values())
         ]
         return pb.DescribeResponse(
             plugin_id=self._api.plugin_id, plugin_version=self._version, tools=tools, protocol=PROTOCOL
@@ -257,7 +259,7 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
         # The core exec and file tools, on the workspace that is our cwd. No plugin.
         w = gate.workspace_tools
         api = PluginApi(plugin_id=gate.plugin_id, config={}, workspace=Path.cwd())
-        workspace = Workspace(os.getcwd(), read_max_bytes=int(w.get("read_max_bytes", 256 * 1024)))
+        workspace = Workspace(os.getcwd(), read_max_bytes=int(w.get("read_max_bytes", 256 * 1024)), protected=list(w.get("protected_paths", [])))
         workspace.register(api)
         runner = ExecRunner(shell=str(w.get("shell", "/bin/sh")), kill_grace_s=float(w.get("kill_grace_s", 2.0)), env=dict(os.environ))
         become_subreaper()
@@ -266,6 +268,12 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
         api = PluginApi(plugin_id=gate.plugin_id, config={}, workspace=Path.cwd())
     else:
         api = load_plugin(plugin_dir, gate.plugin_id, gate.entry, gate.plugin_config, Path.cwd())
+        if gate.tools is not None:
+            # Serve exactly what the supervisor may accept: a name outside the gate's
+            # list is dropped here, so no call can ever reach its handler.
+            # It is still described, so that the supervisor logs its refusal.
+            for name in [n for n in api.tools if n not in gate.tools]:
+                api.not_served[name] = api.tools.pop(name)
     api._outbox = link.request
     api._post = link.post
 
@@ -288,18 +296,33 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
         server,
     )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if os.path.exists(socket_path):
-        os.unlink(socket_path)
-    server.add_insecure_port(f"unix:{socket_path}")
-    await server.start()
-    await health_servicer.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    _clear_name(socket_path)
+    # A socket path too long for sun_path is bound through a descriptor of its folder
+    # (held until the server is gone); the supervisor dials it by descriptor too.
+    with short_address(socket_path) as address:
+        server.add_insecure_port(f"unix:{address}")
+        await server.start()
+        await health_servicer.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
 
-    print(format_handshake(socket_path), flush=True)
-    await stop.wait()
-    # In-flight tool calls get this long to finish; the supervisor's own grace
-    # period is longer, and it signals the group after that.
-    await server.stop(grace=1.0)
+        print(format_handshake(socket_path), flush=True)
+        await stop.wait()
+        # In-flight tool calls get this long to finish; the supervisor's own grace
+        # period is longer, and it signals the group after that.
+        await server.stop(grace=1.0)
+
+
+def _clear_name(path: str) -> None:
+    """Whatever an earlier incarnation (or the plugin, before we bind) left at our
+    socket's name goes, without following it: a dangling symlink there would
+    otherwise make the bind fail, and a live one make gRPC's own clean-up look
+    through it."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        shutil.rmtree(path)
 
 
 def run(plugin_dir: str, socket_path: str, gate: GatePayload) -> None:
