@@ -24,4 +24,10 @@ if ! bash scripts/docker-engine.sh; then
   echo "docker engine or image unavailable: the docker tests will skip (and fail under CI=true)" >&2
 fi
 
+# tests/test_nonroot.py runs the installed package as an ordinary user: that user, and
+# a venv of the system's Python holding this checkout as a wheel (rebuilt on change).
+if ! bash scripts/nonroot-setup.sh; then
+  echo "non-root setup unavailable: tests/test_nonroot.py will skip (and fail under CI=true)" >&2
+fi
+
 python3 -m pytest -n 2 -p no:cacheprovider "$@"
