@@ -47,6 +47,9 @@ from pathlib import Path
 GIT_DIR = ".git"
 GIT_FOLDERS = frozenset({"hooks", "info", "objects", "refs", "logs"})
 """Entries of a .git folder that git makes as folders; any other is a file."""
+UNWALKED = frozenset({f"{GIT_DIR}/objects", f"{GIT_DIR}/lfs"})
+"""Folders of a protected .git not searched for links: content-addressed data that
+git never runs, often by the ten thousand, and hard-linked by `git clone --local`."""
 MAX_LINKS_FOLLOWED = 256
 """Symlinks inside protected folders whose targets are protected too, at most."""
 
@@ -227,7 +230,7 @@ def _link_targets_inside(dir_fd: int, rel: str, workspace: Path) -> list[tuple[s
                             f"{rel!r} (sandbox.protectedPaths): the sandbox could change it through another name. Give it a "
                             "single name, or take the folder out of sandbox.protectedPaths"
                         )
-                    elif e.is_dir(follow_symlinks=False) and here.count("/") < 32:
+                    elif e.is_dir(follow_symlinks=False) and here.count("/") < 32 and f"{here}/{e.name}" not in UNWALKED:
                         with contextlib.suppress(OSError):
                             sub = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                             stack.append((f"{here}/{e.name}", sub))

@@ -122,11 +122,15 @@ class SandboxDefaults(_Model):
     )
 
 
-# Paths inside a workspace that make the host run code later (git runs hooks and
-# `core.fsmonitor` from .git; shells source rc files; direnv sources .envrc): read-only
-# to the sandbox, refused by the file tools. README "Security model".
+# Paths inside a workspace that make the host run code later: read-only to the
+# sandbox, refused by the file tools. README "Security model". The whole of .git,
+# not only hooks/ and config: git also takes its config and hooks from wherever
+# `.git/commondir`, `config.worktree`, `worktrees/` or `modules/` say, and a missing
+# `commondir` cannot be pre-made empty (git dies reading it), so only a read-only
+# .git leaves the child no file to plant. The sandbox can still read the history;
+# committing is for the operator (or a protectedPaths list without ".git").
 DEFAULT_PROTECTED_PATHS = (
-    ".git/hooks", ".git/config", ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile",
+    ".git", ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile",
     ".zshrc", ".zshenv", ".zprofile", ".zlogin", ".envrc",
 )  # fmt: skip
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CLAWSUP, ROOT, TEST_PLUGINS, make_config, require_backend, workspace_config
+from tests.conftest import CLAWSUP, IN_CI, ROOT, TEST_PLUGINS, make_config, require_backend, workspace_config
 
 WALLS = TEST_PLUGINS / "walls"
 SECRET = f"walls-secret-{uuid.uuid4().hex}"
@@ -250,6 +250,12 @@ def plant_command(marker: Path) -> str:
         "rm -rf .git/hooks",
         "mv .git .git-aside",
         f"mkdir -p .git2/hooks && printf '{hook}' > .git2/hooks/pre-commit && echo 'gitdir: .git2' > .git",
+        # git takes config and hooks from where commondir points (an attack found after
+        # .git/hooks and .git/config alone were protected).
+        f"cp -r .git .evilgit; printf '{hook}' > .evilgit/hooks/pre-commit; chmod +x .evilgit/hooks/pre-commit",
+        f"printf '[core]\\n\\tfsmonitor = echo pwned > {marker}.fsmonitor\\n' >> .evilgit/config",
+        "echo ../.evilgit > .git/commondir",
+        "echo '[core]' > .git/config.worktree",
         "ls -la .git .git/hooks",
         "true",
     ])  # fmt: skip
@@ -367,7 +373,11 @@ def test_file_tools_refuse_to_write_protected_paths(backend: str, gateway_factor
     # Reading is fine, and so is writing anything else.
     assert result(gw.call("read", {"path": ".bashrc"})) == "# the operator's\n"
     assert gw.call("write", {"path": "notes/ok.txt", "content": "fine"})["ok"]
-    assert gw.call("write", {"path": ".git/description", "content": "fine"})["ok"]
+    # The whole of .git is protected by default (commondir, config.worktree and
+    # worktrees/ would point git at config and hooks of the child's making).
+    for path in (".git/description", ".git/commondir", ".git/config.worktree"):
+        resp = gw.call("write", {"path": path, "content": "../evil"})
+        assert not resp["ok"] and "is protected" in resp["error"]["message"], (path, resp)
 
 
 # -- setuid binaries ------------------------------------------------------------------------------
@@ -404,3 +414,32 @@ def test_setuid_root_binary_gives_no_root(backend: str, gateway_factory) -> None
     assert "euid" not in ids and not ids["uid"].startswith("0("), out  # id(1) names euid only when it differs
     nnp = result(gw.call("walls_run", {"argv": ["grep", "NoNewPrivs", "/proc/self/status"]}))
     assert nnp["stdout"].split() == ["NoNewPrivs:", "1"], nnp
+
+
+def test_a_folder_the_supervisor_cannot_read_counts_as_over_the_limit(tmp_path: Path) -> None:
+    """A supervisor that is not root cannot look into a folder its child made 000; the
+    data behind it once went uncounted. Measured here as an ordinary user (nobody),
+    with Debian's Python (scripts/nonroot-setup.sh installs it)."""
+    if os.geteuid() != 0 or not Path("/usr/bin/python3").exists():
+        if IN_CI:
+            pytest.fail("CI runs as root with /usr/bin/python3 (scripts/nonroot-setup.sh)")
+        pytest.skip("needs root (to become nobody) and /usr/bin/python3")
+    top = Path(tempfile.mkdtemp(prefix="cs-disk-", dir="/tmp"))  # pytest's own folders are 0700
+    top.chmod(0o755)
+    ws = top / "ws"
+    (ws / "hidden").mkdir(parents=True)
+    (ws / "hidden" / "big").write_bytes(b"x" * (4 * 2**20))
+    subprocess.run(["chown", "-R", "65534:65534", str(ws)], check=True)
+    (ws / "hidden").chmod(0)
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from pathlib import Path\n"
+        "from supervisor.disk_usage import WorkspaceDisk\n"
+        f"print(WorkspaceDisk(Path({str(ws)!r}), 1024 * 1024)._walk(__import__('threading').Event()))\n"
+    )
+    try:
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    assert "disk limit: workspace folder 'hidden' cannot be read, so it cannot be measured" in r.stdout
