@@ -46,6 +46,11 @@ class TooDeep(Exception):
     pass
 
 
+class Unreadable(TooDeep):
+    """A folder the supervisor may not read. Counted as over the limit: else a child
+    could hide any amount behind a `chmod 000` (the supervisor is not always root)."""
+
+
 class Aborted(Exception):
     """The walk's caller went away (its sandbox ended)."""
 
@@ -91,10 +96,15 @@ def measure(root: Path | str, stop_above: int, abort: threading.Event | None = N
                     raise TooDeep(f"folders nested more than {MAX_DEPTH} levels deep")
                 try:
                     sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except PermissionError:
+                    raise Unreadable(f"folder {entry.name!r} cannot be read") from None
                 except OSError:
                     continue  # replaced by a link or a file meanwhile: counted above
                 try:
                     stack.append((sub, os.scandir(sub)))
+                except PermissionError:
+                    os.close(sub)
+                    raise Unreadable(f"folder {entry.name!r} cannot be read") from None
                 except OSError:
                     os.close(sub)
         return total
@@ -135,6 +145,8 @@ class WorkspaceDisk:
                 self._baseline = measure(self.path, 1 << 62, abort)
                 return None
             used = measure(self.path, self._baseline + self.limit, abort)
+        except Unreadable as e:
+            return f"disk limit: workspace {e}, so it cannot be measured"
         except TooDeep as e:
             return f"disk limit: workspace {e}, too deep to measure"
         except (OSError, Aborted):
