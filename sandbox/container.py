@@ -322,6 +322,19 @@ class DockerLauncher:
             raise ValueError(f"{spec.sandbox_id}: the docker backend needs the sandbox's private folder for its start gate (LaunchSpec.private_dir)")
         socket_path = str(spec.run_dir / "host.sock")
         u = spec.run_as
+        if spec.operator_workspace and os.geteuid() == 0:
+            # The operator's own folder is never handed to another uid (the whole tree
+            # once went to nobody): the container runs as the folder's owner, and never
+            # as root.
+            from sandbox.launcher import ChildUser
+
+            st = os.stat(spec.workspace)
+            if st.st_uid == 0:
+                raise OSError(
+                    f"{spec.workspace} belongs to root, and a container never runs as root: run this as the folder's "
+                    "owner, or use the bwrap backend"
+                )
+            u = ChildUser(f"uid {st.st_uid}", st.st_uid, st.st_gid)
         if u is None and os.geteuid() == 0:
             # Never root in a container. A root gateway always names the sandbox's own
             # uid (sandbox/uids.py); a caller that does not (scripts/bench.py) gets nobody.
@@ -332,7 +345,8 @@ class DockerLauncher:
         if u is not None:
             from sandbox.process import _give
 
-            _give(spec.workspace, u)
+            if not spec.operator_workspace:
+                _give(spec.workspace, u)
             _chown_dir(spec.run_dir, u.uid, u.gid)
         gate = _Gate(spec.private_dir)
         rlimits = {"RLIMIT_CORE": 0, "RLIMIT_CPU": spec.limits.cpu_seconds, "RLIMIT_NOFILE": spec.limits.max_open_files, "RLIMIT_FSIZE": spec.limits.max_file_size_bytes}

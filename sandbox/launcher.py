@@ -70,6 +70,9 @@ class LaunchSpec:
     """Workspace-relative paths that make the host run code later (`.git/hooks`,
     `.git/config`, rc files): read-only to the child where the backend can do that,
     and refused by the file tools (`sandbox.protectedPaths`)."""
+    operator_workspace: bool = False
+    """The workspace is a folder the operator named (`clawsup exec run --workspace`):
+    it stays the operator's; no launcher hands it to the child's uid."""
     private_dir: Path | None = None
     """A directory only the supervisor writes (`<state>/sandboxes/<id>/private`), for
     what it hands the child (the docker start gate); a launcher may mount it

@@ -294,7 +294,8 @@ class ProcessLauncher:
         socket_path = str(spec.run_dir / "host.sock")
         u = spec.run_as
         if u is not None:
-            _give(spec.workspace, u)
+            if not spec.operator_workspace:
+                _give(spec.workspace, u)
             os.chown(spec.run_dir, u.uid, u.gid, follow_symlinks=False)
         cgroup = None
         if self._cgroups is not None:

@@ -2,15 +2,22 @@
 workspace sandbox host, the same runner) without a running supervisor.
 
 The sandbox is supervised for the command's duration by a throwaway manager on a
-temporary state directory, and runs as the invoking user (a root operator's command
-keeps uid 0 under bwrap, without capabilities and inside its namespaces; the
-gateway's workspace sandboxes get their own uid instead).
+temporary state directory. In a fresh folder of its own, a root operator's command on
+bwrap or docker runs as an allocated uid of its own (sandbox/uids.py), as the
+gateway's workspace sandboxes do. In the operator's folder (`--workspace DIR`) it
+runs as the invoking user, so that it can change DIR: under bwrap a root operator's
+command keeps uid 0 without capabilities, inside its namespaces, and owns what it
+writes; what it could leave for later is taken back after the run (a setuid or
+setgid bit it set is removed, and said).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,6 +25,7 @@ from pathlib import Path
 from sandbox.backends import backend_problem, make_launcher
 from sandbox.cgroup import CgroupRoot
 from sandbox.launcher import Launcher
+from sandbox.uids import SandboxUids, UidAllocator
 from supervisor.config import ClawsupConfig
 from supervisor.errors import ClawsupError, ConfigError
 from supervisor.host_client import ExecResult
@@ -77,19 +85,27 @@ async def run_once(
         raise ConfigError("--timeout", [f"at most tools.exec.maxTimeoutSeconds ({e.max_timeout_s:g} s), got {timeout:g}"])
 
     state = Path(tempfile.mkdtemp(prefix="clawsup-exec-"))
+    uids: SandboxUids | None = None
     cgroups = CgroupRoot.create()
     launcher: Launcher = make_launcher(settings.backend, cgroups=cgroups, state_dir=state)
     manager: SandboxManager | None = None
     try:
         paths = StatePaths(state)
         paths.ensure()
+        user_for = None
+        if os.geteuid() == 0 and workspace is None and settings.backend in ("bwrap", "docker"):
+            u = cfg.sandbox.uids
+            uids = SandboxUids(UidAllocator(Path(u.registry), u.first, u.count), state)
+            user_for = lambda plan: uids.user(plan.sandbox_id)  # noqa: E731
         manager = SandboxManager(
             registry=Registry(),
             launchers={settings.backend: launcher},
             paths=paths,
             timing=Timing(),
             env_allowlist=cfg.sandbox.env_allowlist,
+            user_for=user_for,
         )
+        setid_before = await asyncio.to_thread(setid_files, workspace) if workspace is not None and os.geteuid() == 0 else None
         workspaces = Workspaces(manager, settings)
         sb = manager.add(workspaces.plan_for(SANDBOX_ID), workspace=workspace.resolve() if workspace else None)
         ready, stop = asyncio.Event(), asyncio.Event()
@@ -117,6 +133,9 @@ async def run_once(
                 failure = err
             finally:
                 stop.set()
+        if setid_before is not None and workspace is not None:
+            for path in await asyncio.to_thread(strip_new_setid, workspace, setid_before):
+                await on_output(f"\nclawsup: removed the setuid/setgid bit the command set on {path}\n".encode())
         if failure is not None:
             raise failure
         assert result is not None
@@ -135,3 +154,44 @@ async def run_once(
         else:
             launcher.close()
         shutil.rmtree(state, ignore_errors=True)
+        if uids is not None:
+            with contextlib.suppress(Exception):
+                uids.release(SANDBOX_ID)
+
+
+def setid_files(root: Path) -> set[tuple[int, int]]:
+    """(device, inode) of every setuid or setgid file under `root`; no link followed."""
+    found = set()
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    found.add((st.st_dev, st.st_ino))
+    return found
+
+
+def strip_new_setid(root: Path, before: set[tuple[int, int]]) -> list[str]:
+    """A root command in the operator's folder owns what it writes: a setuid-root file
+    it left there would serve any local user later. Such bits that were not there
+    before the run are removed, through a descriptor opened without following."""
+    stripped = []
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+                # Only a regular file is opened (a device or FIFO never is).
+                if not (stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID)):
+                    continue
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID) and (st.st_dev, st.st_ino) not in before:
+                    os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                    stripped.append(path)
+            finally:
+                os.close(fd)
+    return stripped

@@ -64,6 +64,10 @@ FAULT_KILL_GRACE_S = 0.5
 # Service requests (a subagent's model and tool calls) one child may have in flight;
 # past this its stream waits, not our memory.
 MAX_SERVICE_REQUESTS = 8
+# A manifest declares at most 128 tools (sandbox/manifest.py); a Describe that lists
+# many more is looked at this far, and its refusals are named this many times.
+MAX_DESCRIBED_TOOLS = 1024
+MAX_NAMED_REFUSALS = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -397,6 +401,7 @@ class SupervisedSandbox:
             network=self.plan.network,
             trusted=self.plan.trusted,
             protected_paths=self.plan.protected_paths,
+            operator_workspace=self._dirs.operator_workspace,
             private_dir=self._private_dir(),
             gate=GatePayload(
                 sandbox_id=self.id,
@@ -471,28 +476,50 @@ class SupervisedSandbox:
             tg.create_task(self._serve_stream(inc), name=f"{self.id}#{inc.number} stream")
 
     def _accept(self, tools: Any) -> None:
-        """The supervisor is the judge: a refused tool is logged, the rest stay."""
+        """The supervisor is the judge: a refused tool is logged, the rest stay. A
+        host that describes a flood of names it may not register gets the first few
+        refusals named and the rest counted in one line, so that it cannot fill the
+        logs or hold the loop (tests/test_trust.py::test_a_flood_of_refused_tools)."""
         self.refusals = {}
-        for spec in tools:
-            if not re.fullmatch(TOOL_NAME_PATTERN, spec.name):
-                shown = repr(spec.name[:64]) + ("…" if len(spec.name) > 64 else "")
-                self.refusals[spec.name[:64]] = "not a valid tool name (letters, digits, _ and -, at most 64)"
-                self.log.event(f"refused tool {shown}: not a valid tool name (letters, digits, _ and -, at most 64)")
+        unnamed = 0
+        for n, spec in enumerate(tools):
+            if n >= MAX_DESCRIBED_TOOLS:
+                unnamed += len(tools) - n
+                break
+            why = self._register(spec)
+            if why is None:
                 continue
-            reg = Registration(
-                kind=Kind.TOOL,
-                name=spec.name,
-                owner=self.plan.plugin_id,
-                sandbox_id=self.id,
-                description=spec.description,
-                input_schema=spec.input_schema,
-            )
-            try:
-                self._registry.register(reg, declared=self.plan.declared_tools)
-            except RegistrationRefused as e:
-                self.refusals[spec.name[:64]] = e.reason
-                self.log.event(f"refused: {e}")
-                logger.warning("{}: {}", self.id, e)
+            if len(self.refusals) >= MAX_NAMED_REFUSALS:
+                unnamed += 1
+                continue
+            shown = repr(spec.name[:64]) + ("…" if len(spec.name) > 64 else "")
+            self.refusals[spec.name[:64]] = why
+            said = f"plugin {self.plan.plugin_id!r} may not register tool {shown}: {why}"
+            self.log.event(f"refused: {said}")
+            logger.warning("{}: {}", self.id, said)
+        if unnamed:
+            line = f"and {unnamed} more tool(s) it described were refused (not named one by one)"
+            self.refusals["…"] = line
+            self.log.event(line)
+            logger.warning("{}: {}", self.id, line)
+
+    def _register(self, spec: Any) -> str | None:
+        """Register one described tool; None when accepted, else why not."""
+        if not re.fullmatch(TOOL_NAME_PATTERN, spec.name):
+            return "not a valid tool name (letters, digits, _ and -, at most 64)"
+        reg = Registration(
+            kind=Kind.TOOL,
+            name=spec.name,
+            owner=self.plan.plugin_id,
+            sandbox_id=self.id,
+            description=spec.description,
+            input_schema=spec.input_schema,
+        )
+        try:
+            self._registry.register(reg, declared=self.plan.declared_tools)
+        except RegistrationRefused as e:
+            return e.reason
+        return None
 
     async def _heartbeat(self, inc: Incarnation) -> None:
         t = self._timing
