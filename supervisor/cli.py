@@ -151,9 +151,9 @@ def _print_runs(sessions: list[dict[str, Any]]) -> None:
     def add(node: Tree, run: dict[str, Any]) -> None:
         style = RUN_STYLE.get(run["status"], "")
         label = (
-            f"[bold]{run['runId']}[/bold] {run['label']!r} [{style}]{run['status']}[/{style}] agent {run['agentId']} · "
+            f"[bold]{escape(run['runId'])}[/bold] {escape(printable(repr(run['label'])))} [{style}]{run['status']}[/{style}] agent {escape(run['agentId'])} · "
             f"{run['durationS']:.1f} s · tokens {run['tokensIn']} in / {run['tokensOut']} out"
-            + (f" [dim]({run['reason']})[/dim]" if run["reason"] else "")
+            + (f" [dim]({escape(printable(run['reason']))})[/dim]" if run["reason"] else "")
         )
         child = node.add(label, highlight=False)
         for c in run["children"]:
@@ -514,11 +514,12 @@ def chat(
                     a = m["ack"]
                     err.print(f"[dim]→ {a['agentId']} ({a['matchedBy']}) · {a['sessionKey']}[/dim]", highlight=False)
                 elif "progress" in m:
-                    err.print(f"[dim]… {m['progress']}[/dim]", highlight=False)
+                    err.print(f"[dim]… {escape(printable(m['progress']))}[/dim]", highlight=False)
                 elif "reply" in m:
-                    out.print(m["reply"], highlight=False, markup=False)
+                    # A model's words can carry a plugin's bytes: shown, never obeyed.
+                    out.print(printable_lines(m["reply"]), highlight=False, markup=False)
                 elif not m.get("ok", True):
-                    err.print(f"[red]error:[/red] {m['error']['message']}", highlight=False)
+                    err.print(f"[red]error:[/red] {escape(printable_lines(m['error']['message']))}", highlight=False)
                     return False
         except SupervisorNotRunning as e:
             _fail(str(e), 3)
@@ -538,7 +539,7 @@ def chat(
                         print(json.dumps({"background": m}), flush=True)
                     else:
                         err.print(f"[dim]← {m['agentId']} · {m['sessionKey']} (after a background run)[/dim]", highlight=False)
-                        out.print(m["reply"], highlight=False, markup=False)
+                        out.print(printable_lines(m["reply"]), highlight=False, markup=False)
 
     threading.Thread(target=watch, daemon=True, name="watch").start()
     interactive = sys.stdin.isatty()

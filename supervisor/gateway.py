@@ -103,7 +103,8 @@ def _choose_child_users(run_as: str, paths: StatePaths, plans: list[SandboxPlan]
         raise ConfigError(source, [
             f"sandbox.runAs: {why}. clawsup does not run them as root instead ({', '.join(ids)}). Install Python, clawsup "
             "and the plugins where other users can read them (not under a 0700 home), or use the bwrap backend (it binds "
-            "them in), or set sandbox.runAs: \"supervisor\" to run this trusted code as root on purpose"
+            "them in), or set sandbox.runAs: \"supervisor\" to run this trusted code as root on purpose (untrusted code "
+            "never runs as root)"
         ])  # fmt: skip
     if not users:
         for d in (paths.root, paths.sandboxes):
@@ -143,11 +144,14 @@ def _user_policy(run_as: str, process_users: dict[str, ChildUser], uids: Sandbox
     bwrap the runtime is bound into the sandbox with open parents, so a root
     supervisor's `auto` always gives such a sandbox its own uid (also the workspace
     sandboxes created later, one per agent or session). A root supervisor never runs
-    a container as root, so docker gets its own uid under `supervisor` too."""
+    a container as root, so docker gets its own uid under `supervisor` too; and
+    `supervisor` is for trusted code: untrusted plugins, workspaces and subagent runs
+    still get their own uid (as uid 0, even without capabilities, a child owns every
+    root file it can see and can leave setuid-root binaries behind)."""
 
     def user_for(plan: SandboxPlan) -> ChildUser | None:
         if plan.backend in ("bwrap", "docker"):
-            if os.geteuid() != 0 or (run_as == "supervisor" and plan.backend == "bwrap"):
+            if os.geteuid() != 0 or (run_as == "supervisor" and plan.backend == "bwrap" and plan.trusted):
                 return None
             if run_as in ("auto", "supervisor"):
                 return uids.user(plan.sandbox_id)

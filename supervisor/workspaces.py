@@ -31,6 +31,7 @@ from sandbox.manifest import format_validation_error
 from supervisor.config import ClawsupConfig
 from supervisor.errors import BadToolArguments, ConfigError, ExecBlocked
 from supervisor.exec_screen import ExecScreen
+from supervisor.plans import restart_policy
 from supervisor.host_client import ExecResult
 from supervisor.lifecycle import RestartPolicy, SandboxState
 from supervisor.registry import CORE_OWNER, Kind, Registration, Registry
@@ -139,7 +140,12 @@ def workspace_sandbox_id(scope: str, agent: str, session: str | None) -> str:
 
 
 def _slug(s: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9_.-]", "_", s)[:40] or "_"
+    """A name part for an id: one per input. A long one keeps a hash of the whole,
+    so that two agents whose ids share 40 characters never share a workspace."""
+    safe = re.sub(r"[^a-zA-Z0-9_.-]", "_", s) or "_"
+    if safe == s and len(s) <= 40:
+        return s
+    return f"{safe[:31]}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
 
 
 class Workspaces:
@@ -320,12 +326,7 @@ def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSetting
             workspace_bytes=a.max_workspace_mb * MiB,
             tmp_bytes=a.tmp_mb * MiB,
         ),
-        restart=RestartPolicy(
-            max_restarts=d.restart.max_restarts if d.restart.max_restarts is not None else 5,
-            period_s=d.restart.period_seconds or 60.0,
-            backoff_initial_s=d.restart.backoff_initial_seconds if d.restart.backoff_initial_seconds is not None else 0.5,
-            backoff_max_s=d.restart.backoff_max_seconds if d.restart.backoff_max_seconds is not None else 30.0,
-        ),
+        restart=restart_policy(d.restart)[0],
         exec=ExecSettings(
             timeout_s=min(e.timeout_seconds, e.max_timeout_seconds),
             max_timeout_s=e.max_timeout_seconds,

@@ -189,6 +189,14 @@ def test_forged_lines_and_escapes_reach_no_log_and_no_terminal(forger_gateway: G
     assert code == 0, err
     assert_clean(out, None, "clawsup status")
 
+    # `clawsup chat`: the model quotes the tool's result (a real model can emit the
+    # bytes itself); the reply reaches the terminal escaped.
+    code, out, err = run_cli(gw, "chat", "-m", '/tool forger_shout {"tag": "C1"}')
+    assert code == 0, err
+    assert_clean(out, None, "clawsup chat")
+    assert_clean(err, None, "clawsup chat stderr")
+    assert "RESULT-C1" in out and ESCAPED_FORGERY in out
+
 
 def test_a_forged_handshake_is_refused_and_quoted_escaped(gateway_factory: Any) -> None:
     """The refusal's reason quotes the child's line; it reaches the console of

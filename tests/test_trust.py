@@ -336,3 +336,101 @@ def test_a_crash_loop_always_ends_in_failed(gateway_factory) -> None:
     assert gw.wait("chaos", "failed", timeout=30) == "failed"
     assert "restart.periodSeconds 1 is too short for 2 restarts to end a crash loop; using 10" in gw.supervisor_log()
     assert gw.call("echo", {"text": "still here"})["data"]["result"] == "still here"
+
+
+def test_a_flood_of_refused_tools_is_counted_not_logged_one_by_one(gateway_factory, tmp_path: Path) -> None:
+    """20 000 undeclared names in one Describe: the first refusals are named, the rest
+    counted in one line; the logs stay small and the gateway answers."""
+    require_bwrap()
+    code = (
+        "from sandbox.api import hookimpl\n\n"
+        "@hookimpl\n"
+        "def clawsup_register(api):\n"
+        "    api.register_tool(name='fine', description='a normal tool', handler=lambda a: 'fine')\n"
+        "    for i in range(20000):\n"
+        "        api.register_tool(name=f'undeclared_{i}', description='x', handler=lambda a: 'no')\n"
+    )
+    folder = plugin_folder(tmp_path, {"id": "flood", "version": "1.0.0", "entry": "plugin.py", "contracts": {"tools": ["fine"]}}, code)
+    cfg = make_config()
+    cfg["plugins"]["load"]["paths"].append(str(folder))
+    cfg["plugins"]["entries"]["flood"] = {"sandbox": {"backend": "auto"}}
+    gw = gateway_factory(cfg)
+    assert gw.call("fine")["data"]["result"] == "fine"
+    assert gw.call("echo", {"text": "still here"})["data"]["result"] == "still here"
+    refused = json.loads(gw.cli("plugins", "show", "flood", "--json").stdout)["refused"]
+    assert len(refused) == 17 and "and 19984 more tool(s) it described were refused" in refused[-1]
+    assert (gw.state / "logs" / "supervisor.log").stat().st_size < 256 * 1024
+    assert (gw.state / "logs" / "flood.log").stat().st_size < 256 * 1024
+
+
+def test_two_agents_never_share_a_workspace_sandbox() -> None:
+    from supervisor.workspaces import workspace_sandbox_id
+
+    a, b = "customer-support-bot-for-the-public-site-public", "customer-support-bot-for-the-public-site-internal"
+    assert workspace_sandbox_id("agent", a, None) != workspace_sandbox_id("agent", b, None)
+    assert workspace_sandbox_id("agent", "main", None) == "workspace-main"
+
+
+# -- clawsup exec run, and runAs "supervisor" ------------------------------------------
+
+
+def exec_run(backend: str, command: str, workspace: Path | None = None) -> subprocess.CompletedProcess[str]:
+    args = [*CLAWSUP, "exec", "run", "--backend", backend, *(["--workspace", str(workspace)] if workspace else []), "--", command]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_exec_run_as_root_leaves_no_setuid_root_binary_and_runs_fresh_folders_as_its_own_uid(tmp_path: Path) -> None:
+    """A root operator's command in its own folder keeps uid 0 (it must change that
+    folder), and owns what it writes: a setuid-root copy of `id` it leaves would serve
+    every local user. The bit is taken back after the run. In a fresh folder the
+    command runs as an allocated uid, never as root."""
+    require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("what a root operator's command may leave behind")
+    r = exec_run("bwrap", "cp /usr/bin/id suid-id && chmod 4755 suid-id && chmod 2755 ./ && cp /usr/bin/id sgid-id && chmod 2755 sgid-id", tmp_path)
+    assert r.returncode == 0, r.stderr
+    for name in ("suid-id", "sgid-id"):
+        mode = (tmp_path / name).stat().st_mode
+        assert not mode & (0o4000 | 0o2000), oct(mode)
+        assert f"removed the setuid/setgid bit the command set on {tmp_path / name}" in r.stdout
+    fresh = exec_run("bwrap", "id -u; id -g")
+    uid, gid = (int(x) for x in fresh.stdout.split()[:2])
+    assert uid not in (0, os.getuid()) and gid != 0, fresh.stdout
+
+
+def test_exec_run_on_docker_never_hands_the_operators_folder_to_another_uid(tmp_path: Path) -> None:
+    from tests.conftest import require_docker
+
+    require_docker()
+    if os.geteuid() != 0:
+        pytest.skip("only a root supervisor changes owners")
+    mine = tmp_path / "mine"
+    (mine / ".git").mkdir(parents=True)
+    (mine / "file").write_text("x")
+    r = exec_run("docker", "true", mine)
+    # Root's folder: the container never runs as root, so it is refused, with the reason.
+    assert r.returncode != 0 and "belongs to root, and a container never runs as root" in r.stdout + r.stderr
+    assert all(p.stat().st_uid == 0 for p in (mine, mine / ".git", mine / "file"))
+    # A user's folder: the container runs as that user, and the folder stays theirs.
+    tmp_path.chmod(0o755)
+    subprocess.run(["chown", "-R", "4242:4242", str(mine)], check=True)
+    r = exec_run("docker", "id -u; touch made", mine)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split()[0] == "4242"
+    assert all(p.stat().st_uid == 4242 for p in (mine, mine / ".git", mine / "file", mine / "made"))
+
+
+def test_run_as_supervisor_is_for_trusted_code_only(gateway_factory) -> None:
+    """`runAs: "supervisor"` keeps trusted code as root on purpose; an untrusted plugin
+    and the agent's workspace still get uids of their own."""
+    require_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("what a root supervisor does")
+    cfg = make_config(sandbox__runAs="supervisor", sandbox__defaults__backend="auto", agents__defaults__sandbox={"scope": "agent", "backend": "bwrap"})
+    cfg["plugins"]["load"]["paths"].append(str(GREEDY))
+    gw = gateway_factory(cfg, wrap=[])
+    assert gw.status("greedy")["uid"] not in (None, 0)
+    assert gw.status("workspace-main")["uid"] not in (None, 0)
+    assert gw.call("greedy_probe")["data"]["result"]["uid"] not in (0,)
+    assert gw.exec("id -u")["output"].strip() not in ("0", "")
+    assert gw.status("basics")["uid"] is None  # trusted, on bwrap: as the supervisor, as asked
