@@ -154,7 +154,7 @@ def bench_import_grpc(n: int) -> list[float]:
 
 
 async def bench_cold_start(manager: SandboxManager, n: int) -> list[float]:
-    sb = manager.sandboxes["basics"]
+    [sb] = [sb for sb in manager.sandboxes.values() if sb.plan.plugin_id == "basics"]
     out = []
     for _ in range(n):
         await sb.stop("bench", 30)
@@ -603,9 +603,9 @@ async def _all_in_manager(a: Any, manager: SandboxManager, launchers: dict[str, 
         }
 
 
-def basics_plan(backend: str) -> SandboxPlan:
+def basics_plan(backend: str, sandbox_id: str = "basics") -> SandboxPlan:
     return SandboxPlan(
-        sandbox_id="basics",
+        sandbox_id=sandbox_id,
         plugin_id="basics",
         plugin_dir=ROOT / "plugins" / "basics",
         plugin_version="1",
@@ -629,7 +629,9 @@ async def _bwrap_plugin_figures(a: Any, launchers: dict[str, Any], tmp: Path, ec
     paths.ensure()
     registry = Registry(reserved=frozenset(CORE_TOOLS))
     manager = SandboxManager(registry=registry, launchers={"bwrap": launchers["bwrap"]}, paths=paths, timing=Timing(heartbeat_interval_s=2.0), env_allowlist=["PATH", "LANG"])
-    manager.add(basics_plan("bwrap"))
+    # Its own sandbox id: the two managers share this process's cgroup root, and a
+    # cgroup is named after the sandbox (a stop would kill the other's children).
+    manager.add(basics_plan("bwrap", "basics-bwrap"))
     ready, stop = asyncio.Event(), asyncio.Event()
     async with asyncio.TaskGroup() as tg:
         tg.create_task(manager.run(ready, stop, start_timeout=60, stop_timeout=10))
