@@ -42,6 +42,11 @@ DUTY = 10.0
 so that measuring a huge workspace takes at most a tenth of a core."""
 
 
+MIN_GAP_S = 0.25
+"""And never sooner than this: a walk after every one of a thousand quick calls a
+second would cost each call a thread hop (scripts/bench.py figure a)."""
+
+
 class TooDeep(Exception):
     pass
 
@@ -152,7 +157,7 @@ class WorkspaceDisk:
         except (OSError, Aborted):
             return None  # not there (yet), or no longer wanted
         finally:
-            self._not_before = time.monotonic() + DUTY * (time.monotonic() - start)
+            self._not_before = time.monotonic() + max(MIN_GAP_S, DUTY * (time.monotonic() - start))
         if used - self._baseline > self.limit:
             beyond = " beyond its size at start" if self._grow_only else ""
             return f"disk limit: workspace over {self.limit // MiB} MiB{beyond}"
