@@ -78,19 +78,29 @@ class SandboxLog:
         self._window_start = time.monotonic()
         self._window_bytes = 0
         self._dropped = 0
-        self.stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._subscribers: set[asyncio.Queue[str]] = set()
 
     def write(self, stream: str, text: str, *, cut: bool = False) -> None:
         """Append one line. `stream` is stdout, stderr or clawsup (our own events,
         which are never dropped). `text` is escaped here, whoever wrote it: our own
         events quote the child too (tool names, refusal reasons)."""
-        text = printable(text)
         if stream == "stderr":
-            self.stderr_tail.append(text)
+            self._stderr_tail.append(text)
+        # Lines past the budget are dropped before they are escaped: in a flood that
+        # is nearly all of them (tests/test_faults.py::test_output_flood...). The
+        # raw length decides; what escaping adds is charged after.
         if stream != "clawsup" and not self._within_budget(len(text)):
             return
-        self._emit(f"{timestamp()} [{stream}] {text}{' ⏎…' if cut else ''}\n")
+        shown = printable(text)
+        if stream != "clawsup":
+            self._window_bytes += len(shown) - len(text)
+        self._emit(f"{timestamp()} [{stream}] {shown}{' ⏎…' if cut else ''}\n")
+
+    @property
+    def stderr_tail(self) -> list[str]:
+        """The child's last stderr lines, escaped."""
+        return [printable(line) for line in self._stderr_tail]
 
     def event(self, text: str) -> None:
         """Our own line about this sandbox: never dropped, on disk at once."""

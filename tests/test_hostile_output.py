@@ -69,7 +69,8 @@ def assert_clean(text: str, line_start: re.Pattern[str] | None, where: str) -> l
         raw = RAW_CONTROL.search(line)
         assert raw is None, f"{where}, line {i + 1}: raw {raw.group()!r} in {line!r}"
         if line_start is not None:
-            assert line_start.match(line), f"{where}, line {i + 1} does not start like a log line: {line!r}"
+            context = "\n".join(lines[max(0, i - 15) : i + 30])
+            assert line_start.match(line), f"{where}, line {i + 1} does not start like a log line: {line!r}; around it:\n{context}"
             assert not line.startswith(FORGED[:10]), f"{where}, line {i + 1} is forged: {line!r}"
     return lines
 
