@@ -113,9 +113,18 @@ def main() -> int:
     cfg = {
         "plugins": {
             "load": {"paths": [str(ROOT / "plugins" / "basics"), str(ROOT / "plugins" / "chaos")]},
-            "entries": {"chaos": {"sandbox": {"memoryMb": 128, "maxProcesses": 32, "restart": {"maxRestarts": 1000, "periodSeconds": 1, "backoffInitialSeconds": 0.05, "backoffMaxSeconds": 0.2}}}},
+            # Our own plugins: trusted, so that --backend process may run them. A large
+            # budget (its period is raised to fit, see supervisor/plans.py) so that
+            # the faults never spend it.
+            "entries": {
+                "basics": {"trust": "trusted"},
+                "chaos": {"trust": "trusted", "sandbox": {"memoryMb": 128, "maxProcesses": 32, "restart": {"maxRestarts": 1000, "periodSeconds": 1, "backoffInitialSeconds": 0.05, "backoffMaxSeconds": 0.2}}},
+            },
         },
-        "sandbox": {"defaults": {"backend": a.backend}, "heartbeatIntervalSeconds": 0.5, "heartbeatTimeoutSeconds": 0.5, "stopGraceSeconds": 1},
+        # As root, a process child may only drop to its own uid if it can start Python;
+        # where it cannot (a 0700 home), trusted code runs as root on purpose.
+        "sandbox": {"defaults": {"backend": a.backend}, "heartbeatIntervalSeconds": 0.5, "heartbeatTimeoutSeconds": 0.5, "stopGraceSeconds": 1,
+                    **({"runAs": "supervisor"} if a.backend == "process" else {})},
         "tools": {"exec": {"killGraceSeconds": 0.5}},
         "agents": {"defaults": {"subagents": {"maxChildrenPerAgent": 10}}},
     }

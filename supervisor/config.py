@@ -64,7 +64,7 @@ class RestartGrant(RestartRequest):
     supervisor/plans.py computes from the backoff) so that a crash loop always spends
     its budget and ends in `failed`: a 1 ms period never would."""
 
-    max_restarts: int | None = Field(default=None, ge=0, le=100)
+    max_restarts: int | None = Field(default=None, ge=0, le=1000)
     period_seconds: float | None = Field(default=None, ge=1, le=86_400)
     backoff_initial_seconds: float | None = Field(default=None, ge=0.05, le=3600)
     backoff_max_seconds: float | None = Field(default=None, ge=0.05, le=3600)
