@@ -8,7 +8,7 @@ Whatever a host sends is bounded here, on the supervisor's side, because a host 
 the model's commands and a plugin's code under the same uid and may have been taken
 over by either: no message may pass `MAX_MESSAGE_BYTES` (a bigger one is refused as
 `AnswerTooLarge`), and an exec stream holds the configured output cap whatever the
-host does with it (`ExecOutputBound`). Tests: tests/test_hostile_output.py.
+host does with it (`exec_output_bound`). Tests: tests/test_hostile_output.py.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clawsup.v1 import host_pb2 as pb
 from clawsup.v1 import host_pb2_grpc as pb_grpc
+from sandbox.output_cap import HeadTail
 from sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY
 
 _KIND_NAMES = {v: k.lower() for k, v in pb.ToolFailure.Kind.items()}
@@ -38,7 +39,7 @@ supervisor some ten of them at once in gRPC's and Python's buffers
 
 MARKER_ALLOWANCE = 128
 """Room for the host's own omission marker in the tail (sandbox/host/exec_runner.py
-OutputCap writes about 50 bytes), so that an honest host's output passes as sent."""
+output_cap writes about 50 bytes), so that an honest host's output passes as sent."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,50 +117,17 @@ def _too_large(e: grpc.aio.AioRpcError, what: str) -> AnswerTooLarge | None:
     return AnswerTooLarge(what, int(m.group(1)) if m else None)
 
 
-class ExecOutputBound:
-    """The exec output cap, held again on the supervisor's side. An honest host
-    already keeps at most `cap` bytes: the head as it comes, then a marker and the
-    tail (sandbox/host/exec_runner.py OutputCap). A hijacked one may send anything,
-    and a flood must cost the supervisor no more than the cap. Same shape here: the
-    head passes at once, the rest goes through a ring released at the end, after a
-    marker of our own if anything was dropped. The ring has room for the host's
-    marker, so an honest host's output passes unchanged.
-
+def exec_output_bound(cap: int) -> HeadTail:
+    """The exec output cap, held again on the supervisor's side (sandbox/output_cap.py).
+    An honest host already keeps at most `cap` bytes; a hijacked one may send
+    anything, and a flood must cost the supervisor no more than the cap. The ring has
+    room for the host's own marker, so an honest host's output passes unchanged.
     One per exec stream, owned by `HostClient.exec_events`."""
-
-    def __init__(self, cap: int) -> None:
-        cap = max(cap, 2)
-        self.cap = cap
-        self.head_left = cap - cap // 2
-        self.ring_size = cap // 2 + MARKER_ALLOWANCE
-        self.ring = bytearray()
-        self.received = 0
-        self.dropped = 0
-
-    def feed(self, data: bytes) -> bytes:
-        """What may be passed on now; the rest is kept or dropped."""
-        self.received += len(data)
-        now = b""
-        if self.head_left:
-            now, data = data[: self.head_left], data[self.head_left :]
-            self.head_left -= len(now)
-        if data:
-            if len(data) >= self.ring_size:
-                self.dropped += len(self.ring) + len(data) - self.ring_size
-                self.ring = bytearray(data[-self.ring_size :])
-            else:
-                self.ring += data
-                excess = len(self.ring) - self.ring_size
-                if excess > 0:
-                    del self.ring[:excess]
-                    self.dropped += excess
-        return now
-
-    def finish(self) -> bytes:
-        if not self.dropped:
-            return bytes(self.ring)
-        marker = f"\n[... {self.dropped} bytes omitted by the supervisor: the sandbox sent more than the {self.cap} byte cap ...]\n"
-        return marker.encode() + bytes(self.ring)
+    return HeadTail(
+        cap,
+        tail_extra=MARKER_ALLOWANCE,
+        marker=lambda n: f"\n[... {n} bytes omitted by the supervisor: the sandbox sent more than the {max(cap, 2)} byte cap ...]\n",
+    )
 
 
 class HostClient:
@@ -243,10 +211,10 @@ class HostClient:
     async def exec_events(self, call: Any, output_cap: int) -> AsyncIterator[bytes | ExecResult]:
         """The output chunks, then the result; nothing before the host's token, which
         rides in the first event (see host.proto). At most `output_cap` bytes of
-        output come out, plus a marker, whatever the host sends (`ExecOutputBound`);
+        output come out, plus a marker, whatever the host sends (`exec_output_bound`);
         anything after the result is read and dropped, so that the stream ends
         cleanly."""
-        bound = ExecOutputBound(output_cap)
+        bound = exec_output_bound(output_cap)
         first = True
         done = False
         try:
@@ -271,7 +239,7 @@ class HostClient:
                     timed_out=r.timed_out,
                     truncated=r.truncated or bound.dropped > 0,
                     duration_s=r.duration_s,
-                    output_bytes=max(r.output_bytes, bound.received),
+                    output_bytes=max(r.output_bytes, bound.total),
                     error=r.error,
                 )
         except grpc.aio.AioRpcError as e:

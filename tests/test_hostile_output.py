@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.host_client import ExecOutputBound
+from supervisor.host_client import exec_output_bound
 from supervisor.printable import printable
 from tests.conftest import CLAWSUP, IN_CI, ROOT, TEST_PLUGINS, Gateway, make_config, require_backend, workspace_config
 
@@ -245,7 +245,7 @@ def test_a_describe_answer_too_large_fails_the_start_with_a_reason(gateway_facto
 
 @pytest.mark.parametrize("size", [10, 64 * 1024, 64 * 1024 + 1, 10**6])
 def test_an_honest_hosts_output_passes_the_supervisors_cap_unchanged(size: int) -> None:
-    """What sandbox/host/exec_runner.py's OutputCap sends for `size` bytes of output:
+    """What sandbox/host/exec_runner.py's output_cap sends for `size` bytes of output:
     the head as it comes, then its marker and the tail."""
     cap = 64 * 1024
     data = bytes(i % 251 for i in range(size))
@@ -254,7 +254,7 @@ def test_an_honest_hosts_output_passes_the_supervisors_cap_unchanged(size: int) 
     dropped = max(len(rest) - cap // 2, 0)
     sent = [head[i : i + 4096] for i in range(0, len(head), 4096)]
     sent.append((f"\n[... {dropped} bytes of output omitted ...]\n".encode() if dropped else b"") + rest[dropped:])
-    bound = ExecOutputBound(cap)
+    bound = exec_output_bound(cap)
     passed = b"".join(bound.feed(chunk) for chunk in sent) + bound.finish()
     assert passed == b"".join(sent) and bound.dropped == 0
 

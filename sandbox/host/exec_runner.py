@@ -21,6 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from sandbox.output_cap import HeadTail
+
 READ_CHUNK = 64 * 1024
 READS_PER_WAKEUP = 16
 FINISH_ROUNDS = 20
@@ -39,40 +41,10 @@ class ExecOutcome:
     output_bytes: int = 0
 
 
-class OutputCap:
-    """Keeps at most `cap` bytes of output: the first half is released as it comes,
-    the last half is a ring released at the end, after a marker that says how much
-    was dropped between them."""
-
-    def __init__(self, cap: int) -> None:
-        self.head_left = cap - cap // 2
-        self.tail_size = cap // 2
-        self.tail = bytearray()
-        self.total = 0
-        self.dropped = 0
-
-    def feed(self, data: bytes) -> bytes:
-        self.total += len(data)
-        now = b""
-        if self.head_left:
-            now, data = data[: self.head_left], data[self.head_left :]
-            self.head_left -= len(now)
-        if data:
-            self.tail += data
-            excess = len(self.tail) - self.tail_size
-            if excess > 0:
-                del self.tail[:excess]
-                self.dropped += excess
-        return now
-
-    def finish(self) -> bytes:
-        if not self.dropped:
-            return bytes(self.tail)
-        return f"\n[... {self.dropped} bytes of output omitted ...]\n".encode() + bytes(self.tail)
-
-    @property
-    def truncated(self) -> bool:
-        return self.dropped > 0
+def output_cap(cap: int) -> HeadTail:
+    """Keeps at most `cap` bytes of output (sandbox/output_cap.py), with a marker that
+    says how much was dropped between the head and the tail."""
+    return HeadTail(cap, marker=lambda n: f"\n[... {n} bytes of output omitted ...]\n")
 
 
 class _Output:
@@ -80,7 +52,7 @@ class _Output:
     callback, no task): each chunk goes through the cap at once, so memory stays
     bounded however slowly the caller takes the head."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: OutputCap) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: HeadTail) -> None:
         self.loop = loop
         self.fd = fd
         self.cap = cap
@@ -185,7 +157,7 @@ class ExecRunner:
         assert proc.stdout is not None
         pipe = proc.stdout.fileno()
         os.set_blocking(pipe, False)
-        io = _Output(loop, pipe, OutputCap(cap))
+        io = _Output(loop, pipe, output_cap(cap))
         exited: asyncio.Future[None] = loop.create_future()
         loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
         result = ExecOutcome()
