@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The README's second set-up command, and what .ci/run calls: install what the tests
-# need (bubblewrap for the bwrap backend, the Python test dependencies) and run the
-# whole suite. Extra arguments go to pytest.
+# need (bubblewrap for the bwrap backend; gdb, with which a test hijacks a workspace
+# host from its own command; the Python test dependencies) and run the whole suite.
+# Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v bwrap >/dev/null 2>&1; then
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v gdb >/dev/null 2>&1 || missing+=(gdb)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing bubblewrap (tests of the bwrap backend)"
+    echo "== installing ${missing[*]} (tests of the bwrap backend, and of a hijacked host)"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "bwrap is missing and cannot be installed from here (needs root and apt-get);" >&2
-    echo "install bubblewrap, or the bwrap tests will skip (and fail under CI=true)" >&2
+    echo "${missing[*]} missing and cannot be installed from here (needs root and apt-get);" >&2
+    echo "install them, or the tests that need them will skip (and fail under CI=true)" >&2
   fi
 fi
 
