@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -118,6 +118,23 @@ class ChatReq(_Req):
 
 Request = Annotated[StatusReq | ToolsReq | PluginsReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq, Field(discriminator="op")]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
+
+
+async def _until_hangup(reader: asyncio.StreamReader, pump: Coroutine[Any, Any, None]) -> None:
+    """Runs `pump` (sending lines to the client) until the client hangs up, or we
+    close. A hang-up, orderly or a reset, is how such a request ends, not an error:
+    a reset once surfaced as an exception group and a traceback in the supervisor's
+    log (tests/test_hostile_output.py, with `clawsup logs -f` killed under load)."""
+
+    async def guarded() -> None:
+        with contextlib.suppress(ConnectionError):
+            await pump
+
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(guarded())
+        with contextlib.suppress(ConnectionError):
+            await reader.read(1)
+        task.cancel()
 
 
 class ControlServer:
@@ -254,10 +271,7 @@ class ControlServer:
                         while True:
                             await _send(writer, {"line": (await q.get()).rstrip("\n")})
 
-                    async with asyncio.TaskGroup() as tg:
-                        pump = tg.create_task(forward(q))
-                        await reader.read(1)  # the follower hung up (or we are closing)
-                        pump.cancel()
+                    await _until_hangup(reader, forward(q))
                 finally:
                     if q is not None:
                         sb.log.unsubscribe(q)
@@ -280,10 +294,7 @@ class ControlServer:
                             await _send(writer, {"reply": out.text, "sessionKey": out.session_key, "agentId": out.agent_id})
 
                     await _send(writer, {"ok": True, "data": {}})
-                    async with asyncio.TaskGroup() as tg:
-                        pump = tg.create_task(forward())
-                        await reader.read(1)  # the watcher hung up (or we are closing)
-                        pump.cancel()
+                    await _until_hangup(reader, forward())
             case StopReq():
                 await _send(writer, {"ok": True, "data": {"stopping": True}})
                 self._on_stop()
