@@ -43,9 +43,9 @@ import docker.types
 from loguru import logger
 
 from sandbox.image import image_tag
-from sandbox.launcher import Child, ExitStatus, LaunchSpec
+from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec
 from sandbox.protected import docker_volumes
-from sandbox.process import Warden
+from sandbox.process import Warden, _give, chown_dir
 
 LABEL = "clawsup.sandbox"
 STATE_LABEL = "clawsup.state-dir"
@@ -282,16 +282,6 @@ def _unlink_at(dfd: int, name: str) -> None:
         os.rmdir(name, dir_fd=dfd)
 
 
-def _chown_dir(path: Path, uid: int, gid: int) -> None:
-    """The socket folder is made the child's; by fd, so that a symlink put in its
-    place is refused rather than followed."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
-
-
 class DockerLauncher:
     name = "docker"
 
@@ -326,8 +316,6 @@ class DockerLauncher:
             # The operator's own folder is never handed to another uid (the whole tree
             # once went to nobody): the container runs as the folder's owner, and never
             # as root.
-            from sandbox.launcher import ChildUser
-
             st = os.stat(spec.workspace)
             if st.st_uid == 0:
                 raise OSError(
@@ -338,16 +326,12 @@ class DockerLauncher:
         if u is None and os.geteuid() == 0:
             # Never root in a container. A root gateway always names the sandbox's own
             # uid (sandbox/uids.py); a caller that does not (scripts/bench.py) gets nobody.
-            from sandbox.launcher import ChildUser
-
             u = ChildUser("nobody", 65534, 65534)
         uid, gid = (u.uid, u.gid) if u is not None else (os.getuid(), os.getgid())
         if u is not None:
-            from sandbox.process import _give
-
             if not spec.operator_workspace:
                 _give(spec.workspace, u)
-            _chown_dir(spec.run_dir, u.uid, u.gid)
+            chown_dir(spec.run_dir, u.uid, u.gid)
         gate = _Gate(spec.private_dir)
         rlimits = {"RLIMIT_CORE": 0, "RLIMIT_CPU": spec.limits.cpu_seconds, "RLIMIT_NOFILE": spec.limits.max_open_files, "RLIMIT_FSIZE": spec.limits.max_file_size_bytes}
         gate.write(dataclasses.replace(spec.gate, run_as=None, rlimits=rlimits).encode(), uid, gid)

@@ -296,7 +296,7 @@ class ProcessLauncher:
         if u is not None:
             if not spec.operator_workspace:
                 _give(spec.workspace, u)
-            os.chown(spec.run_dir, u.uid, u.gid, follow_symlinks=False)
+            chown_dir(spec.run_dir, u.uid, u.gid)
         cgroup = None
         if self._cgroups is not None:
             cgroup = self._cgroups.child(
@@ -399,6 +399,16 @@ class ProcessLauncher:
 # entries keep their owner rather than cost one open descriptor per level.
 GIVE_MAX_DEPTH = 64
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def chown_dir(path: Path, uid: int, gid: int) -> None:
+    """Make a folder the child's (its socket folder), by fd, so that a symlink put in
+    its place is refused rather than followed. Every backend's launch uses it."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
 
 
 def _give(workspace: Path, user: ChildUser) -> None:

@@ -240,7 +240,7 @@ class SandboxManager:
                 "state": sb.lc.state.value,
                 "trust": "trusted" if plan.trusted else "untrusted",
                 "backend": plan.backend,
-                "uid": sb.status()["uid"],
+                "uid": sb.uid,
                 "requested": plan.requested,
                 "granted": {
                     "callTimeoutSeconds": lim.call_timeout_s, "memoryMb": lim.memory_bytes // MiB, "cpuSeconds": lim.cpu_seconds,

@@ -214,6 +214,11 @@ class SupervisedSandbox:
     def run_dir(self) -> Path:
         return self._run_dir
 
+    @property
+    def uid(self) -> int | None:
+        """The uid its children run as; None: as the supervisor."""
+        return self._run_as.uid if self._run_as is not None else None
+
     # -- state, as others see it ---------------------------------------------------
 
     def _on_transition(self, t: Transition) -> None:
@@ -243,7 +248,7 @@ class SupervisedSandbox:
             "backend": self.plan.backend,
             "role": self.plan.role,
             "trust": "trusted" if self.plan.trusted else "untrusted",
-            "uid": self._run_as.uid if self._run_as is not None else None,
+            "uid": self.uid,
             # What the child really has: the process backend cannot take it away.
             "network": self.plan.network or self.plan.backend == "process",
             "memory_limit_bytes": self.plan.limits.memory_bytes,
