@@ -6,6 +6,7 @@ when docker is asked for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from sandbox.bwrap import BwrapLauncher, bwrap_problem
@@ -23,6 +24,22 @@ def backend_problem(name: str) -> str:
 
         return docker_problem()
     return ""
+
+
+ISOLATING = ("bwrap", "docker")
+"""The backends that contain untrusted code, in the order `auto` tries them."""
+
+
+def first_isolating(problem_of: Callable[[str], str] = backend_problem) -> tuple[str | None, str]:
+    """What `auto` means: the first isolating backend that works here, else None and
+    why none does (`bwrap: ...; docker: ...`)."""
+    reasons = []
+    for b in ISOLATING:
+        problem = problem_of(b)
+        if not problem:
+            return b, ""
+        reasons.append(f"{b}: {problem}")
+    return None, "; ".join(reasons)
 
 
 def make_launcher(name: str, *, cgroups: CgroupRoot | None, state_dir: Path, warden: Warden | None = None) -> Launcher:

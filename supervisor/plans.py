@@ -19,7 +19,7 @@ import referencing
 import referencing.exceptions
 from loguru import logger
 
-from sandbox.backends import backend_problem
+from sandbox.backends import backend_problem, first_isolating
 from sandbox.launcher import Limits, MiB
 from sandbox.manifest import MANIFEST_NAME, Manifest, ManifestError, RestartRequest, SandboxRequest, load_manifest
 from supervisor.config import ClawsupConfig, PluginEntry, resolve_plugin_path
@@ -29,7 +29,6 @@ from supervisor.names import reserved_reason
 from supervisor.supervised import SandboxPlan
 
 AVAILABLE_BACKENDS = frozenset({"process", "bwrap", "docker"})
-ISOLATING = ("bwrap", "docker")
 # The limits a manifest may ask for: (field, manifest key). Each is granted as the
 # stricter (smaller) of the ask and the operator's value.
 LIMIT_FIELDS = (
@@ -176,15 +175,10 @@ def choose_backend(asked: str, *, trusted: bool, problem_of: Callable[[str], str
     only trusted code may end on `process`. Never a silent step down: an untrusted
     plugin with no isolating backend gets None and the reasons."""
     if asked == "auto":
-        reasons = []
-        for b in ISOLATING:
-            problem = problem_of(b)
-            if not problem:
-                return b, ""
-            reasons.append(f"{b}: {problem}")
-        if trusted:
-            return "process", ""
-        return None, "; ".join(reasons)
+        backend, reasons = first_isolating(problem_of)
+        if backend is not None:
+            return backend, ""
+        return ("process", "") if trusted else (None, reasons)
     if asked == "process" and not trusted:
         return None, "the process backend does not isolate it"
     if problem := problem_of(asked):

@@ -25,7 +25,7 @@ from typing import Any
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandbox.backends import backend_problem
+from sandbox.backends import backend_problem, first_isolating
 from sandbox.launcher import Limits, MiB
 from sandbox.manifest import format_validation_error
 from supervisor.config import ClawsupConfig
@@ -352,13 +352,9 @@ def resolve_backend(backend: str, key: str, what: str, *, source: str, fallback:
         if problem := backend_problem(backend):
             raise ConfigError(source, [f"{key}: {problem}"])
         return backend, ("configured" if backend == "process" else "")
-    reasons = []
-    for b in ("bwrap", "docker"):
-        problem = backend_problem(b)
-        if not problem:
-            return b, ""
-        reasons.append(f"{b}: {problem}")
-    why = "; ".join(reasons)
+    isolating, why = first_isolating()
+    if isolating is not None:
+        return isolating, ""
     if not fallback:
         raise ConfigError(source, [
             f"{key}: {what} need an isolating backend and none works here ({why}). Install bubblewrap "
