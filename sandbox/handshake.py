@@ -15,6 +15,17 @@ Handshake line. When the gRPC server listens, the child prints one line on stdou
 (the go-plugin shape: core protocol version, network, address, protocol). The
 supervisor dials only after this line, which avoids gRPC's 1 s reconnect backoff for a
 dial that comes too early. Lines before it are plugin noise: logged, not fatal.
+
+Load error line. A plugin that cannot load (no entry file, a SyntaxError, an
+ImportError, a raise in `clawsup_register`, tools declared but none registered) fails
+the same way every time, so restarting it only delays the verdict. Instead of the
+handshake the host prints one line,
+
+    CLAWSUP-LOAD-ERROR|1|{"message": "...", "where": "plugin.py:3"}
+
+and exits with `LOAD_ERROR_EXIT`. The supervisor believes the line only together with
+that exit code (a plugin can print anything on stdout), and then goes straight to
+`failed` (tests/test_load_errors.py).
 """
 
 from __future__ import annotations
@@ -38,6 +49,64 @@ class Handshake:
 
 class HandshakeError(ValueError):
     pass
+
+
+LOAD_ERROR_EXIT = 78
+"""The host's exit code when the plugin could not load (EX_CONFIG in sysexits.h).
+Exit code 3 stays for the host's own unexpected failures."""
+LOAD_ERROR_MAGIC = "CLAWSUP-LOAD-ERROR"
+MAX_LOAD_ERROR_MESSAGE = 2000
+MAX_LOAD_ERROR_WHERE = 300
+MAX_LOAD_ERROR_LINE = 8 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadError:
+    """Why a plugin could not load, as its host saw it."""
+
+    message: str
+    """One line: `SyntaxError: invalid syntax (plugin.py, line 3)`,
+    `ModuleNotFoundError: No module named 'nope'`, or
+    `plugin declares tools weather, forecast but registered none`."""
+    where: str = ""
+    """The last frame in the plugin's own code, relative to its folder
+    (`plugin.py:3`, `plugin.py:12 in clawsup_register`); "" if none."""
+
+
+def format_load_error(err: LoadError) -> str:
+    """One line of ASCII: whatever the plugin's message holds (a newline, U+2028, a
+    lone surrogate) is escaped, so that no reader splits it or fails to encode it."""
+    message, where = _cut(err.message, MAX_LOAD_ERROR_MESSAGE), _cut(err.where, MAX_LOAD_ERROR_WHERE)
+    while True:
+        line = f"{LOAD_ERROR_MAGIC}|{CORE_PROTOCOL_VERSION}|" + json.dumps({"message": message, "where": where}, separators=(",", ":"))
+        # Escaping can grow a character to 12 bytes; the supervisor cuts stdout lines
+        # at 16 KiB (supervisor/sandbox_log.py), and a cut line would not parse.
+        if len(line) <= MAX_LOAD_ERROR_LINE:
+            return line
+        message, where = _cut(message, len(message) // 2), _cut(where, len(where) // 2)
+
+
+def parse_load_error(line: str) -> LoadError | None:
+    """The load error a line carries, or None when it carries none (any junk)."""
+    prefix = f"{LOAD_ERROR_MAGIC}|{CORE_PROTOCOL_VERSION}|"
+    line = line.strip()
+    if not line.startswith(prefix):
+        return None
+    try:
+        body = json.loads(line[len(prefix) :])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("message"), str) or not body["message"]:
+        return None
+    where = body.get("where", "")
+    return LoadError(
+        message=_cut(body["message"], MAX_LOAD_ERROR_MESSAGE),
+        where=_cut(where, MAX_LOAD_ERROR_WHERE) if isinstance(where, str) else "",
+    )
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
 def format_handshake(address: str) -> str:

@@ -55,8 +55,14 @@ class ToolFailed(ClawsupError):
         self.owner = owner
         self.kind = kind
         self.message = message
-        # An expected failure (sandbox.api.ToolError) speaks for itself.
-        super().__init__(f"tool {tool!r}: {message}" if kind == "tool_error" else f"tool {tool!r} (plugin {owner!r}) failed: {message}")
+        if kind == "tool_error":
+            # An expected failure (sandbox.api.ToolError) speaks for itself.
+            text = f"tool {tool!r}: {message}"
+        elif kind == "invalid_arguments":
+            text = f"bad arguments for tool {tool!r}: {message}"
+        else:
+            text = f"tool {tool!r} (plugin {owner!r}) failed: {message}"
+        super().__init__(text)
 
 
 class ToolTimeout(ClawsupError):
@@ -127,11 +133,14 @@ class ExecBlocked(ClawsupError):
         super().__init__(f"command not run: {text}")
 
 
-class BadToolArguments(ClawsupError):
-    """The model's arguments do not fit the tool's schema; says what was wrong."""
+class BadToolArguments(ToolFailed):
+    """The arguments do not fit the tool's input schema (supervisor/arguments.py) or
+    a core tool's own rule; says what was wrong, by path and rule. Nothing ran: the
+    handler was never called. The model gets it as a tool error; `clawsup tools
+    call` exits 1."""
 
     code = "bad_arguments"
 
-    def __init__(self, tool: str, problems: str) -> None:
-        self.tool = tool
-        super().__init__(f"bad arguments for tool {tool!r}: {problems}")
+    def __init__(self, tool: str, problems: str, *, owner: str = "core") -> None:
+        self.problems = problems
+        super().__init__(tool, owner, "invalid_arguments", problems)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loguru import logger
 
+from supervisor.arguments import ArgumentsCheck, SchemaRefused, compile_arguments
 from supervisor.errors import RegistrationRefused
 
 CORE_OWNER = "core"
@@ -42,6 +43,9 @@ class Registration:
     """The sandbox that serves it; None for core registrations."""
     description: str = ""
     input_schema: dict[str, Any] = field(default_factory=dict)
+    arguments: ArgumentsCheck | None = field(default=None, compare=False, repr=False)
+    """`input_schema` compiled, set by `Registry.register` for a tool: what every call's
+    arguments are checked against (supervisor/arguments.py)."""
 
 
 @dataclass
@@ -82,7 +86,10 @@ class Registry:
             raise RegistrationRefused(reg.owner, reg.name, "the name belongs to a core tool")
         if len(reg.description) > MAX_DESCRIPTION_CHARS:
             raise RegistrationRefused(reg.owner, reg.name, f"its description has {len(reg.description)} characters; the most is {MAX_DESCRIPTION_CHARS}")
-        schema_size = len(json.dumps(reg.input_schema))
+        try:
+            schema_size = len(json.dumps(reg.input_schema))
+        except RecursionError:
+            raise RegistrationRefused(reg.owner, reg.name, "its input schema is nested too deeply to check") from None
         if schema_size > MAX_SCHEMA_BYTES:
             raise RegistrationRefused(reg.owner, reg.name, f"its input schema is {schema_size} bytes of JSON; the most is {MAX_SCHEMA_BYTES}")
         if not isinstance(reg.input_schema, dict) or reg.input_schema.get("type", "object") != "object":
@@ -93,6 +100,12 @@ class Registry:
         claimant = self._claims.get((reg.kind, reg.name), reg.owner)
         if claimant != reg.owner:
             raise RegistrationRefused(reg.owner, reg.name, f"plugin {claimant!r} already holds it (loaded first)")
+        if reg.kind is Kind.TOOL:
+            # Compiled here, once: a call then pays one validation, not a compile.
+            try:
+                reg = replace(reg, arguments=compile_arguments(reg.input_schema))
+            except SchemaRefused as e:
+                raise RegistrationRefused(reg.owner, reg.name, f"its input schema {e}") from None
         self._by_key[(reg.kind, reg.name)] = reg
         return reg
 

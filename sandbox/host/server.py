@@ -2,6 +2,12 @@
 
 Created by `sandbox.host.__main__` after the start gate opened; lives as long as the
 child process.
+
+The host's own words (diagnostics on stderr, the handshake or load error line on
+stdout) go through descriptors it duplicated before any plugin code ran (`say`,
+`_announce`): a plugin that closes its stderr or stdout (`os.close(2)`,
+`sys.stderr.close()`) must not turn its next handler error into a failed RPC, nor
+make its shutdown wait out the grace period (tests/test_handlers.py).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import sys
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -23,15 +29,24 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from clawsup.v1 import host_pb2 as pb
 from clawsup.v1 import host_pb2_grpc as pb_grpc
 from sandbox.api import PluginApi, SupervisorRefused, Tool, ToolError
-from sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY, GatePayload, format_handshake
+from sandbox.handshake import (
+    HOST_TOKEN_METADATA_KEY,
+    LOAD_ERROR_EXIT,
+    TOKEN_METADATA_KEY,
+    GatePayload,
+    format_handshake,
+    format_load_error,
+)
 from sandbox.host.exec_runner import ExecRunner, become_subreaper
 from sandbox.host.files import Workspace
 from sandbox.host.link import SupervisorLink
 from sandbox.host.subagent import run_task
-from sandbox.host.loader import load_plugin
+from sandbox.host.loader import PluginLoadFailed, load_error, load_plugin
 from sandbox.socket_paths import short_address
 
 PROTOCOL = "clawsup.v1"
+# The host's own stdout and stderr, duplicated in `run` before the plugin loads.
+_streams = {1: 1, 2: 2}
 # Sync handlers run here. Threads, not processes: the sandbox is the isolation unit.
 HANDLER_THREADS = 8
 Kind = pb.ToolFailure.Kind
@@ -141,8 +156,19 @@ class HostServicer(pb_grpc.HostServicer):
             return _failure(Kind.TOOL_ERROR, str(e))
         except Exception as e:
             tb = traceback.format_exc()
-            print(f"tool {tool.name!r} (call {request.call_id}) raised:\n{tb}", file=sys.stderr, flush=True)
+            say(f"tool {tool.name!r} (call {request.call_id}) raised:\n{tb}")
             return _failure(Kind.HANDLER_RAISED, f"{type(e).__name__}: {e}", tb[-4000:])
+        except (SystemExit, KeyboardInterrupt) as e:
+            # A handler does not decide the sandbox's life: the call fails, the host
+            # lives on (tests/test_handlers.py). os._exit still ends it, as a crash.
+            tb = traceback.format_exc()
+            say(f"tool {tool.name!r} (call {request.call_id}) raised {type(e).__name__}; the call fails, the sandbox lives on:\n{tb}")
+            detail = f"({e})" if str(e) else "()"
+            return _failure(
+                Kind.HANDLER_RAISED,
+                f"{type(e).__name__}{detail}: a handler cannot end its sandbox; raise ToolError to fail a call",
+                tb[-4000:],
+            )
         if isinstance(value, str):
             return pb.InvokeToolResponse(result=value)
         try:
@@ -162,7 +188,7 @@ class HostServicer(pb_grpc.HostServicer):
     async def _mark_overrun(self, name: str, call_id: str, fut: asyncio.Future[Any]) -> None:
         key = f"{name}#{call_id}"
         self._overrun.add(key)
-        print(f"tool {name!r} (call {call_id}) overran its timeout and cannot be interrupted; reporting NOT_SERVING", file=sys.stderr, flush=True)
+        say(f"tool {name!r} (call {call_id}) overran its timeout and cannot be interrupted; reporting NOT_SERVING")
         await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING)
 
         def finished(_: asyncio.Future[Any]) -> None:
@@ -198,7 +224,7 @@ class HostServicer(pb_grpc.HostServicer):
             await context.write(event(result=pb.ExecResult(error=str(e))))
             return
         except asyncio.CancelledError:
-            print(f"exec call {request.call_id} cancelled by the supervisor; its processes were killed", file=sys.stderr, flush=True)
+            say(f"exec call {request.call_id} cancelled by the supervisor; its processes were killed")
             raise
         await context.write(
             event(
@@ -218,19 +244,19 @@ class HostServicer(pb_grpc.HostServicer):
         if self._role != "subagent":
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"this host serves a {self._role}, not a subagent")
         context.set_trailing_metadata(self._host_md)
-        print(f"run {request.run_id}: started", file=sys.stderr, flush=True)
+        say(f"run {request.run_id}: started")
         try:
             out = await run_task(self._link.request, request.task, max(request.max_iterations, 1))
         except SupervisorRefused as e:
-            print(f"run {request.run_id}: the supervisor refused: {e}", file=sys.stderr, flush=True)
+            say(f"run {request.run_id}: the supervisor refused: {e}")
             return pb.RunAgentResponse(error=str(e))
-        print(f"run {request.run_id}: finished after {out.model_calls} model call(s){f' ({out.error})' if out.error else ''}", file=sys.stderr, flush=True)
+        say(f"run {request.run_id}: finished after {out.model_calls} model call(s){f' ({out.error})' if out.error else ''}")
         return pb.RunAgentResponse(text=out.text, model_calls=out.model_calls, error=out.error)
 
     async def Shutdown(self, request: pb.ShutdownRequest, context: grpc.aio.ServicerContext) -> pb.ShutdownResponse:
         await _require_token(context, self._token)
         context.set_trailing_metadata(self._host_md)
-        print(f"shutdown requested by the supervisor: {request.reason or 'no reason given'}", file=sys.stderr, flush=True)
+        say(f"shutdown requested by the supervisor: {request.reason or 'no reason given'}")
         self._stop.set()
         return pb.ShutdownResponse()
 
@@ -267,13 +293,10 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
         # An agent loop (RunAgent) and nothing else: no plugin, no tool of its own.
         api = PluginApi(plugin_id=gate.plugin_id, config={}, workspace=Path.cwd())
     else:
-        api = load_plugin(plugin_dir, gate.plugin_id, gate.entry, gate.plugin_config, Path.cwd())
-        if gate.tools is not None:
-            # Serve exactly what the supervisor may accept: a name outside the gate's
-            # list is dropped here, so no call can ever reach its handler.
-            # It is still described, so that the supervisor logs its refusal.
-            for name in [n for n in api.tools if n not in gate.tools]:
-                api.not_served[name] = api.tools.pop(name)
+        try:
+            api = load_plugin(plugin_dir, gate.plugin_id, gate.entry, gate.plugin_config, Path.cwd(), serve_only=gate.tools)
+        except Exception as e:
+            _fail_load(e, plugin_dir)
     api._outbox = link.request
     api._post = link.post
 
@@ -305,7 +328,7 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
         await health_servicer.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.SERVING)
         loop.add_signal_handler(signal.SIGTERM, stop.set)
 
-        print(format_handshake(socket_path), flush=True)
+        _announce(format_handshake(socket_path))
         await stop.wait()
         # In-flight tool calls get this long to finish; the supervisor's own grace
         # period is longer, and it signals the group after that.
@@ -325,17 +348,71 @@ def _clear_name(path: str) -> None:
         shutil.rmtree(path)
 
 
+def _fail_load(exc: Exception, plugin_dir: Path) -> NoReturn:
+    """The plugin cannot load: the traceback to stderr (the sandbox log), the load
+    error line in place of the handshake, and exit with LOAD_ERROR_EXIT, which the
+    supervisor takes as final: retrying does not fix a deterministic load error
+    (tests/test_load_errors.py)."""
+    err = load_error(exc, plugin_dir)
+    if isinstance(exc, PluginLoadFailed):
+        say(f"clawsup host: the plugin could not load: {err.message}")
+    else:
+        say("clawsup host: the plugin could not load:\n" + "".join(traceback.format_exception(exc)))
+    _announce(format_load_error(err))
+    os._exit(LOAD_ERROR_EXIT)
+
+
+def say(text: str) -> None:
+    """One diagnostic of the host's own, to the sandbox log. Never raises: whatever
+    the plugin did to its stderr, the call or shutdown being described goes on."""
+    _flush_plugin_streams()
+    _write(_streams[2], text if text.endswith("\n") else text + "\n")
+
+
+def _announce(line: str) -> None:
+    """A protocol line on stdout (handshake or load error), after whatever the
+    plugin printed before it."""
+    _flush_plugin_streams()
+    _write(_streams[1], line + "\n")
+
+
+def _flush_plugin_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # closed (ValueError), its fd closed (OSError), None (AttributeError)
+            pass
+
+
+def _write(fd: int, text: str) -> None:
+    data = text.encode("utf-8", errors="backslashreplace")
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        pass
+
+
+def _keep_streams() -> None:
+    """Duplicate stdout and stderr for the host's own use before any plugin code
+    runs. The copies are not inherited by anything the host starts."""
+    for fd in (1, 2):
+        try:
+            _streams[fd] = os.dup(fd)
+        except OSError:
+            pass
+
+
 def run(plugin_dir: str, socket_path: str, gate: GatePayload) -> None:
+    _keep_streams()
     try:
         asyncio.run(serve(Path(plugin_dir), socket_path, gate))
     except SystemExit:
         raise
     except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
+        say(traceback.format_exc())
         os._exit(3)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush_plugin_streams()
     # os._exit, not a normal exit: a sync handler stuck in a worker thread would
     # otherwise keep the interpreter alive at its thread-join on shutdown.
     os._exit(0)
