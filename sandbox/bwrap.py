@@ -41,7 +41,6 @@ bwrap, rather than from outside after the fact.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
@@ -56,8 +55,8 @@ import psutil
 
 from sandbox.cgroup import Cgroup, CgroupRoot
 from sandbox import protected
-from sandbox.launcher import Child, ExitStatus, LaunchSpec
-from sandbox.process import ProcessChild, ProcessLauncher, Warden
+from sandbox.launcher import ExitStatus, LaunchSpec
+from sandbox.process import ProcessChild, ProcessLauncher, Warden, descendants
 
 WORKSPACE = "/workspace"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -99,24 +98,28 @@ class BwrapChild(ProcessChild):
 
     _private_scratch = True
 
-    def signal_group(self, sig: int) -> None:
+    async def signal_group(self, sig: int) -> None:
         # A polite signal must reach the host, as under the process backend: sent
         # to bwrap, it would kill the sandbox outright. SIGKILL may take bwrap, and
         # with it (--die-with-parent) everything inside.
         host = None if sig == signal.SIGKILL else self._host_pid()
         if host is None:
-            super().signal_group(sig)
+            self._signal_group(sig)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(os.getpgid(host), sig)
 
     def _host_pid(self) -> int | None:
-        try:
-            for p in psutil.Process(self.pid).children(recursive=True):
-                if "sandbox.host" in p.cmdline():
-                    return p.pid
-        except psutil.Error:
-            pass
+        """The host among bwrap's descendants (a few /proc reads, not a scan)."""
+        if self.exited:
+            return None
+        for pid in descendants(self.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"sandbox.host" in f.read().split(b"\0"):
+                        return pid
+            except OSError:
+                continue
         return None
 
     def _translate(self, status: ExitStatus) -> ExitStatus:
@@ -128,11 +131,11 @@ class BwrapChild(ProcessChild):
     def rss_bytes(self) -> int | None:
         if self.exited:
             return None
-        try:
-            top = psutil.Process(self.pid)
-            return sum(p.memory_info().rss for p in [top, *top.children(recursive=True)])
-        except psutil.Error:
-            return None
+        total = 0
+        for pid in [self.pid, *descendants(self.pid)]:
+            with contextlib.suppress(psutil.Error):
+                total += psutil.Process(pid).memory_info().rss
+        return total or None
 
 
 class BwrapLauncher(ProcessLauncher):
@@ -145,27 +148,18 @@ class BwrapLauncher(ProcessLauncher):
         if exe is None:
             raise RuntimeError(bwrap_problem())
         self._bwrap = exe
-        self._mounts = protected.Mounts([])
-        self._one_launch = asyncio.Lock()
         super().__init__(cgroups, warden)
 
-    async def launch(self, spec: LaunchSpec) -> Child:
-        # The protected paths are walked now, while no child of this sandbox runs, and
-        # their descriptors handed to bwrap (ProcessLauncher passes `_pass_fds`). One
-        # launch at a time, so that they reach the right bwrap.
-        async with self._one_launch:
-            with protected.resolve(spec.workspace, spec.protected_paths) as self._mounts:
-                self._pass_fds = tuple(m.fd for m in self._mounts.items)
-                try:
-                    return await super().launch(spec)
-                finally:
-                    self._pass_fds = ()
+    def _mounts(self, spec: LaunchSpec) -> protected.Mounts:
+        # The protected paths are walked in the launch's prepare step, while no child
+        # of this sandbox runs, and their descriptors handed to this launch's bwrap.
+        return protected.resolve(spec.workspace, spec.protected_paths)
 
     def _host_parent_pid(self) -> int:
         # Inside the new pid namespace our parent is bwrap's init, pid 1.
         return 1
 
-    def _wrap(self, spec: LaunchSpec, argv: list[str], cgroup: Cgroup | None) -> tuple[list[str], Path, dict[str, str]]:
+    def _wrap(self, spec: LaunchSpec, argv: list[str], cgroup: Cgroup | None, mounts: protected.Mounts) -> tuple[list[str], Path, dict[str, str]]:
         b = [self._bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if not spec.network:
             b.append("--unshare-net")
@@ -206,9 +200,9 @@ class BwrapLauncher(ProcessLauncher):
             b += [flag, path, path]
         b += ["--bind", str(spec.workspace), WORKSPACE]
         # Over it, the protected paths read-only and their folders pinned (see
-        # sandbox/protected.py), from the descriptors launch() opened; bwrap closes
+        # sandbox/protected.py), from the descriptors `_mounts` opened; bwrap closes
         # them before the child runs.
-        for m in self._mounts.items:
+        for m in mounts.items:
             b += ["--bind-fd" if m.writable else "--ro-bind-fd", str(m.fd), f"{WORKSPACE}/{m.rel}"]
         b += [
             # Not --chdir: as root, bwrap has no capability left to enter the

@@ -9,13 +9,28 @@ and `memory` controllers; elsewhere it is v2. Both are supported:
 
 When neither is writable, `CgroupRoot.create` returns None, the supervisor logs a
 warning once, and sandboxes fall back to rlimits alone.
+
+A cgroup folder can be removed only once no process is in it, and a killed process
+stays in it until the kernel has torn it down (its memory first: a sandbox that held
+hundreds of MiB takes a while). An rmdir straight after the kill failed with EBUSY,
+and the empty folder stayed (about 4 stops in 30). So `remove` kills, then waits for
+the cgroup to empty, event-driven and bounded: on v2 on `cgroup.events` (the kernel
+wakes a poller when `populated` changes), on v1, which has no such file, on a pidfd
+of each process still listed (readable once that process has exited). Only then is
+the folder removed. tests/test_launchers.py::test_stops_leave_no_cgroup_folder.
+
+Everything here blocks (file writes, waits): supervisor code calls it through
+`asyncio.to_thread`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import select
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +38,10 @@ from loguru import logger
 
 MOUNT = Path("/sys/fs/cgroup")
 KILL_ROUNDS = 50
+EMPTY_WAIT_S = 5.0
+"""The most `remove` waits for a killed cgroup's processes to be gone. Beyond it (a
+process stuck in the kernel) the folder stays, said in the log; the next launch of
+the same sandbox, or the next supervisor's stale sweep, takes it."""
 
 
 def _own_paths() -> dict[str, str]:
@@ -68,7 +87,8 @@ class Cgroup:
         return sorted(out)
 
     def kill_all(self) -> None:
-        """SIGKILL every process in the cgroup, including any that fork meanwhile."""
+        """SIGKILL every process in the cgroup, including any that fork meanwhile.
+        Does not wait for them to be gone (`wait_empty`, `remove`)."""
         if self.version == 2:
             kill = self.dirs[0] / "cgroup.kill"
             if kill.exists():
@@ -84,6 +104,76 @@ class Cgroup:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+    def wait_empty(self, timeout: float = EMPTY_WAIT_S) -> bool:
+        """Wait until no process is left in the cgroup (event-driven, at most
+        `timeout` seconds). True when it is empty."""
+        deadline = time.monotonic() + timeout
+        if self.version == 2:
+            return _wait_unpopulated(self.dirs[0] / "cgroup.events", deadline)
+        return self._wait_members_gone(deadline)
+
+    def _wait_members_gone(self, deadline: float) -> bool:
+        while pids := self.pids():
+            fds: dict[int, int] = {}
+            try:
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        fds[pid] = os.pidfd_open(pid)
+                # A pid read above may have exited and been reused by a process
+                # outside the cgroup before pidfd_open: only those still listed now
+                # are waited for (anyone new is caught by the next round).
+                still = set(self.pids())
+                poll = select.poll()
+                waiting = set()
+                for pid, fd in fds.items():
+                    if pid in still:
+                        poll.register(fd, select.POLLIN)
+                        waiting.add(fd)
+                while waiting:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    for fd, _ in poll.poll(left * 1000):
+                        poll.unregister(fd)
+                        waiting.discard(fd)
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+            if time.monotonic() >= deadline:
+                return not self.pids()
+        return True
+
+    def remove(self, timeout: float = EMPTY_WAIT_S) -> bool:
+        """Kill what is left, wait for the cgroup to empty (bounded), then remove its
+        folders. True when they are gone; else the reason is logged."""
+        deadline = time.monotonic() + timeout
+        for _ in range(KILL_ROUNDS):
+            if not any(d.exists() for d in self.dirs):
+                return True
+            self.kill_all()
+            emptied = self.wait_empty(max(0.0, deadline - time.monotonic()))
+            busy = []
+            for d in self.dirs:
+                try:
+                    d.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    if e.errno != errno.EBUSY:
+                        logger.warning("cannot remove the cgroup {}: {}", d, e.strerror)
+                        return False
+                    busy.append(d)
+            if not busy:
+                return True
+            if not emptied or time.monotonic() >= deadline:
+                logger.warning(
+                    "cgroup {} still holds processes {:g} s after they were killed ({}); its folder stays until the sandbox's next start or the next supervisor's sweep",
+                    busy[0], timeout, " ".join(map(str, self.pids())) or "none listed",
+                )
+                return False
+            # Emptied, yet busy: a process joined between the wait and the rmdir.
+        return False
 
     def memory_limit_hit(self) -> bool:
         d = self._memory_dir
@@ -114,10 +204,30 @@ class Cgroup:
                         return True
         return False
 
-    def remove(self) -> None:
-        for d in self.dirs:
-            with contextlib.suppress(OSError):
-                d.rmdir()
+
+
+def _wait_unpopulated(events: Path, deadline: float) -> bool:
+    """v2: wait for `populated 0` in `cgroup.events`; the kernel wakes a poller of the
+    file (POLLPRI) whenever it changes."""
+    try:
+        fd = os.open(events, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        poll = select.poll()
+        poll.register(fd, select.POLLPRI)
+        while True:
+            os.lseek(fd, 0, os.SEEK_SET)
+            for line in os.read(fd, 4096).decode().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "populated" and value.strip() == "0":
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poll.poll(left * 1000)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -175,12 +285,10 @@ class CgroupRoot:
         for controller, base in self.bases.items():
             d = base / sandbox_id
             if d.exists():
-                Cgroup(self.version, (d,)).kill_all()
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-            # The last incarnation's cgroup may still be busy with its dying tasks
-            # (a stop followed at once by a start): it is ours and emptied, so it is
-            # taken again, with its limits written afresh below.
+                # Left by an incarnation whose folder could not be removed: emptied
+                # and removed now, or, if a process of it is stuck, taken again
+                # with its limits written afresh below (it is ours).
+                Cgroup(self.version, (d,)).remove()
             d.mkdir(exist_ok=True)
             dirs.append(d)
             if self.version == 2:
@@ -209,15 +317,21 @@ class CgroupRoot:
                     continue
                 for d in sibling.iterdir():
                     if d.is_dir():
-                        Cgroup(self.version, (d,)).kill_all()
-                        with contextlib.suppress(OSError):
-                            d.rmdir()
+                        Cgroup(self.version, (d,)).remove()
                 with contextlib.suppress(OSError):
                     sibling.rmdir()
                 logger.info("removed stale cgroup {} of a supervisor that is gone", sibling)
 
     def remove(self) -> None:
+        """Remove our parent folders, and first any empty sandbox folder left in them.
+        A sandbox whose processes still run is not touched (launchers sharing this
+        root close one after the other): then the parent stays too."""
         for base in self.bases.values():
+            with contextlib.suppress(OSError):
+                for d in base.iterdir():
+                    if d.is_dir() and not Cgroup(self.version, (d,)).pids():
+                        with contextlib.suppress(OSError):
+                            d.rmdir()
             with contextlib.suppress(OSError):
                 base.rmdir()
 

@@ -24,6 +24,13 @@ container starts, so the supervisor reads all of it (the handshake first) whatev
 the engine's log keeps. The supervisor's warden (sandbox/warden.py) is told each
 container's name before it is created, and removes those still listed if the
 supervisor dies, even by SIGKILL. Supervisor-side code.
+
+Every engine call is blocking HTTP, so none runs on the supervisor's event loop: they
+go to the launcher's own small pool of threads (ENGINE_THREADS, so that a slow engine
+holds up engine calls, not the loop's other worker threads). `clawsup status` asks
+`usage()`, which returns the last sample and starts a new one at most once a second
+(USAGE_MAX_AGE_S). The SDK's client is shared by these threads, as it already was by
+the wait and output threads: its transport is a urllib3 pool, which is thread-safe.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ import dataclasses
 import os
 import stat
 import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +53,7 @@ import docker.types
 from loguru import logger
 
 from sandbox.image import image_tag
-from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec
+from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, cleanup_in_thread, in_thread, outlast
 from sandbox.protected import docker_volumes
 from sandbox.process import Warden, _give, chown_dir
 
@@ -60,6 +70,18 @@ GATE_NAME = "gate"
 # supervisor does not read it (it attaches before the start), so it can be tiny: one
 # file of 1 MiB, truncated when full. A flood of 200 MiB once left a 224 MB file.
 LOG_CONFIG = docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"})
+ENGINE_THREADS = 8
+"""Engine calls at once from one launcher (launch steps, kills, stats, removals)."""
+USAGE_MAX_AGE_S = 1.0
+"""A container's usage sample is taken at most this often, however often status asks."""
+FIRST_SAMPLE_WAIT_S = 2.0
+"""The most a status poll waits for a container's first sample (later polls get the
+last one at once)."""
+KILL_NOW_WAIT_S = 5.0
+"""The most `kill_all_now` waits for the engine's answer."""
+POOL_SIZE = 64
+"""Engine connections kept: each container holds two for its life (its wait and its
+output stream), and the SDK's default of 10 discards connections with a warning."""
 
 
 def docker_problem() -> str:
@@ -79,17 +101,22 @@ def docker_problem() -> str:
 
 
 class ContainerChild:
-    """One container. `pid` is the host pid of its init, for display only."""
+    """One container. `pid` is the host pid of its init, for display only. Created in a
+    worker thread by DockerLauncher.launch (it asks the engine); owned by the
+    supervisor's incarnation, released by `aclose()`."""
 
-    def __init__(self, client: docker.DockerClient, container: Any, socket_path: str, output: Any, gate: _Gate, warden: Warden) -> None:
+    def __init__(
+        self, client: docker.DockerClient, container: Any, socket_path: str, output: Any, gate: _Gate, warden: Warden, engine: Executor
+    ) -> None:
         """`output`: the attach stream, made before the container started. Owned by
-        the launch until close() removes the container, the gate and the warden's
-        entry."""
+        the launch until aclose() removes the container, the gate and the warden's
+        entry. `engine`: the launcher's threads for engine calls."""
         self._client = client
         self.container = container
         self.socket_path = socket_path
         self._gate = gate
         self._warden = warden
+        self._engine = engine
         self._name = container.name
         container.reload()
         self.pid = int(container.attrs["State"].get("Pid") or 0)
@@ -104,6 +131,10 @@ class ContainerChild:
         self._oom = False
         self._done = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._sample: dict[str, Any] | None = None
+        self._sample_started = -USAGE_MAX_AGE_S
+        self._sampling: asyncio.Future[None] | None = None
         threading.Thread(target=self._pump_output, args=(output, out_w, err_w), daemon=True, name=f"logs {self.container_id}").start()
         threading.Thread(target=self._wait, daemon=True, name=f"wait {self.container_id}").start()
 
@@ -174,44 +205,96 @@ class ContainerChild:
     def exited(self) -> bool:
         return self._done.is_set()
 
-    def signal_group(self, sig: int) -> None:
-        with contextlib.suppress(docker.errors.APIError):
-            self.container.kill(signal=int(sig))
+    async def signal_group(self, sig: int) -> None:
+        if self.exited:
+            return
+        await in_thread(lambda: self._kill(sig), executor=self._engine)
 
-    def kill_all(self) -> None:
+    def _kill(self, sig: int | None = None) -> None:
         with contextlib.suppress(docker.errors.APIError):
-            self.container.kill()
+            if sig is None:
+                self.container.kill()
+            else:
+                self.container.kill(signal=int(sig))
 
-    def diagnose(self) -> str:
+    async def kill_all(self) -> None:
+        # Once the container's init has exited, the kernel has killed everything in
+        # its pid namespace: nothing to ask the engine.
+        if self.exited:
+            return
+        await in_thread(self._kill, executor=self._engine)
+
+    def kill_all_now(self) -> None:
+        """Sync, for a `finally` that cannot await (see sandbox.launcher.Child): the
+        kill is asked in a thread and waited for at most KILL_NOW_WAIT_S; the warden
+        removes the container if this process is on its way out anyway."""
+        if self.exited:
+            return
+        t = threading.Thread(target=self._kill, daemon=True, name=f"kill {self.container_id}")
+        t.start()
+        t.join(KILL_NOW_WAIT_S)
+
+    async def diagnose(self) -> str:
         if self._oom:
             return "memory limit"
-        return "process limit reached" if self._pids_limit_hit() else ""
+        return "process limit reached" if await in_thread(self._pids_limit_hit) else ""
 
     def rss_bytes(self) -> int | None:
-        if self.exited:
+        """From the last usage sample (no engine call here)."""
+        if self.exited or self._sample is None:
             return None
-        try:
-            stats = self.container.stats(stream=False, one_shot=True)
-            return int(stats["memory_stats"]["usage"])
-        except Exception:
-            return None
+        value = self._sample.get("memory_bytes")
+        return value if isinstance(value, int) else None
 
-    def usage(self) -> dict[str, Any]:
-        """For `clawsup status`: the container, its memory and its CPU time."""
+    async def usage(self) -> dict[str, Any]:
+        """For `clawsup status`: the container, its memory and its CPU time, from the
+        last sample; a new one is started when that is older than USAGE_MAX_AGE_S
+        and none is in flight. Only the very first poll waits, for the first sample,
+        at most FIRST_SAMPLE_WAIT_S."""
         out: dict[str, Any] = {"container": self.container_id}
+        if self.exited or self._closed:
+            return out
+        now = time.monotonic()
+        if now - self._sample_started >= USAGE_MAX_AGE_S and (self._sampling is None or self._sampling.done()):
+            self._sample_started = now
+            with contextlib.suppress(RuntimeError):  # the launcher's pool is shut down
+                self._sampling = asyncio.get_running_loop().run_in_executor(self._engine, self._take_sample)
+        if self._sample is None and self._sampling is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FIRST_SAMPLE_WAIT_S):
+                    await asyncio.shield(self._sampling)
+        return {**out, **(self._sample or {})}
+
+    def _take_sample(self) -> None:
+        sample: dict[str, Any] = {}
         with contextlib.suppress(Exception):
             st = self.container.stats(stream=False, one_shot=True)
-            out["cpu_seconds"] = round(st["cpu_stats"]["cpu_usage"]["total_usage"] / NANO, 3)
-            out["memory_bytes"] = int(st["memory_stats"]["usage"])
-        return out
+            sample["cpu_seconds"] = round(st["cpu_stats"]["cpu_usage"]["total_usage"] / NANO, 3)
+            sample["memory_bytes"] = int(st["memory_stats"]["usage"])
+        self._sample = sample
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         for fd in (self.stdout_fd, self.stderr_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        with contextlib.suppress(docker.errors.APIError):
-            self.container.remove(force=True)
+        await cleanup_in_thread(self._remove, executor=self._engine)
+
+    def _remove(self) -> None:
+        # Force: a container still running is killed first. Its wait and output
+        # threads end with it.
         self._gate.remove()
+        try:
+            self.container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except Exception as e:
+            # The warden keeps it listed, and removes it when the supervisor goes;
+            # the next supervisor's stale sweep, at the latest.
+            logger.warning("{}: could not remove container {}: {}", self.container_id, self._name, e)
+            return
         self._warden.forget_container(self._name)
 
 
@@ -283,16 +366,25 @@ def _unlink_at(dfd: int, name: str) -> None:
 
 
 class DockerLauncher:
+    """Starts containers. Created by the gateway (or `clawsup exec run`); its
+    constructor asks the engine (the client's version, the stale sweep), so the
+    caller runs it in a worker thread. `aclose()` once its children are closed."""
+
     name = "docker"
 
     def __init__(self, state_dir: Path, warden: Warden | None = None) -> None:
         """`warden`: the supervisor's, shared with its other launchers (its owner closes
         it); by default the launcher has its own."""
-        self._client = docker.from_env(timeout=60)
+        self._client = docker.from_env(timeout=60, max_pool_size=POOL_SIZE)
         self._image = image_tag()
         self._state = str(state_dir)
         self._owns_warden = warden is None
         self._warden = warden or Warden()
+        self._engine = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="docker engine")
+        self.checkpoint: Callable[[str], Awaitable[None]] | None = None
+        """Awaited between the steps of a launch with the next step's name
+        ("prepare", "create", "attach", "start", "return"): where
+        tests/test_launchers.py cancels a launch midway. None in service."""
         self.remove_stale()
 
     def remove_stale(self) -> None:
@@ -305,12 +397,62 @@ class DockerLauncher:
                 c.remove(force=True)
 
     async def launch(self, spec: LaunchSpec) -> Child:
-        return await asyncio.to_thread(self._launch, spec)
+        # Each step in a worker thread (the chown walk in the loop's pool, engine
+        # calls in ours); `_ContainerStart` records what each one made, so that a
+        # failure or a cancellation anywhere removes exactly that.
+        start = _ContainerStart(self, spec)
+        try:
+            await self._at("prepare")
+            await in_thread(start.prepare)
+            await self._at("create")
+            await in_thread(start.create, executor=self._engine)
+            await self._at("attach")
+            await in_thread(start.attach, executor=self._engine)
+            await self._at("start")
+            await in_thread(start.start, executor=self._engine)
+            await self._at("return")
+            return await in_thread(start.child, executor=self._engine)
+        except BaseException:
+            fut = asyncio.get_running_loop().run_in_executor(self._engine, start.undo)
+            await outlast(fut)
+            if not fut.cancelled() and (err := fut.exception()) is not None:
+                logger.opt(exception=err).error("{}: removing container {} after a failed launch failed", spec.sandbox_id, start.name)
+            raise
 
-    def _launch(self, spec: LaunchSpec) -> Child:
+    async def _at(self, step: str) -> None:
+        if self.checkpoint is not None:
+            await self.checkpoint(step)
+
+    async def aclose(self) -> None:
+        await cleanup_in_thread(self._close)
+
+    def _close(self) -> None:
+        self._engine.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+        if self._owns_warden:
+            self._warden.close()
+
+
+class _ContainerStart:
+    """One container launch in progress: what it has made so far. Each step is a
+    method run in a worker thread; `undo` removes whatever exists."""
+
+    def __init__(self, launcher: DockerLauncher, spec: LaunchSpec) -> None:
         if spec.private_dir is None:
             raise ValueError(f"{spec.sandbox_id}: the docker backend needs the sandbox's private folder for its start gate (LaunchSpec.private_dir)")
-        socket_path = str(spec.run_dir / "host.sock")
+        self.launcher = launcher
+        self.spec = spec
+        self.socket_path = str(spec.run_dir / "host.sock")
+        self.name = f"clawsup-{spec.sandbox_id}-{os.urandom(3).hex()}"
+        self.gate = _Gate(spec.private_dir)
+        self.uid, self.gid = os.getuid(), os.getgid()
+        self.watched = False
+        self.container: Any = None
+        self.output: Any = None
+        self.result: ContainerChild | None = None
+
+    def prepare(self) -> None:
+        spec = self.spec
         u = spec.run_as
         if spec.operator_workspace and os.geteuid() == 0:
             # The operator's own folder is never handed to another uid (the whole tree
@@ -327,75 +469,87 @@ class DockerLauncher:
             # Never root in a container. A root gateway always names the sandbox's own
             # uid (sandbox/uids.py); a caller that does not (scripts/bench.py) gets nobody.
             u = ChildUser("nobody", 65534, 65534)
-        uid, gid = (u.uid, u.gid) if u is not None else (os.getuid(), os.getgid())
         if u is not None:
+            self.uid, self.gid = u.uid, u.gid
             if not spec.operator_workspace:
                 _give(spec.workspace, u)
             chown_dir(spec.run_dir, u.uid, u.gid)
-        gate = _Gate(spec.private_dir)
         rlimits = {"RLIMIT_CORE": 0, "RLIMIT_CPU": spec.limits.cpu_seconds, "RLIMIT_NOFILE": spec.limits.max_open_files, "RLIMIT_FSIZE": spec.limits.max_file_size_bytes}
-        gate.write(dataclasses.replace(spec.gate, run_as=None, rlimits=rlimits).encode(), uid, gid)
+        self.gate.write(dataclasses.replace(spec.gate, run_as=None, rlimits=rlimits).encode(), self.uid, self.gid)
+
+    def create(self) -> None:
+        spec = self.spec
         volumes = {
             str(spec.workspace): {"bind": WORKSPACE, "mode": "rw"},
             str(spec.run_dir): {"bind": str(spec.run_dir), "mode": "rw"},
             # The file alone, not its folder: nothing else the supervisor keeps there
             # is the child's to see.
-            str(gate.path): {"bind": GATE, "mode": "ro"},
+            str(self.gate.path): {"bind": GATE, "mode": "ro"},
         }
         if spec.plugin_dir is not None:
             volumes[str(spec.plugin_dir)] = {"bind": PLUGIN, "mode": "ro"}
         env = {**spec.env, "HOME": WORKSPACE, "TMPDIR": "/tmp", "PATH": "/usr/local/bin:/usr/bin:/bin"}
         command = [
             "--plugin-dir", PLUGIN if spec.plugin_dir is not None else "",
-            "--socket", socket_path,
+            "--socket", self.socket_path,
             "--gate-file", GATE,
             "--parent-pid", "1",
             "--workdir", WORKSPACE,
         ]  # fmt: skip
-        name = f"clawsup-{spec.sandbox_id}-{os.urandom(3).hex()}"
-        self._warden.watch_container(name)
-        container = output = None
-        try:
-            container = self._client.containers.create(
-                self._image,
-                command=command,
-                init=True,
-                user=f"{uid}:{gid}",
-                network_mode="bridge" if spec.network else "none",
-                read_only=True,
-                # The child's own /tmp and /dev/shm, each limited to tmp_bytes.
-                tmpfs={"/tmp": f"rw,nosuid,nodev,size={spec.limits.tmp_bytes},mode=1777"},
-                shm_size=spec.limits.tmp_bytes,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                mem_limit=spec.limits.memory_bytes,
-                memswap_limit=spec.limits.memory_bytes,
-                pids_limit=spec.limits.max_processes,
-                nano_cpus=int(spec.limits.cpus * NANO),
-                # Protected paths read-only over the workspace (sandbox/protected.py).
-                volumes={**volumes, **docker_volumes(spec.workspace, spec.protected_paths, WORKSPACE)},
-                environment=env,
-                labels={LABEL: spec.sandbox_id, STATE_LABEL: self._state},
-                log_config=LOG_CONFIG,
-                name=name,
-            )
-            # Attached before it starts, so the stream holds its output from the first
-            # byte (the handshake), while the engine's capped log may have lost it.
-            output = container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
-            container.start()
-            return ContainerChild(self._client, container, socket_path, output, gate, self._warden)
-        except BaseException:
-            if output is not None:
-                with contextlib.suppress(Exception):
-                    output.close()
-            if container is not None:
-                with contextlib.suppress(docker.errors.APIError):
-                    container.remove(force=True)
-            gate.remove()
-            self._warden.forget_container(name)
-            raise
+        # Listed before it exists, so that no moment leaves it unlisted.
+        self.launcher._warden.watch_container(self.name)
+        self.watched = True
+        self.container = self.launcher._client.containers.create(
+            self.launcher._image,
+            command=command,
+            init=True,
+            user=f"{self.uid}:{self.gid}",
+            network_mode="bridge" if spec.network else "none",
+            read_only=True,
+            # The child's own /tmp and /dev/shm, each limited to tmp_bytes.
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={spec.limits.tmp_bytes},mode=1777"},
+            shm_size=spec.limits.tmp_bytes,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            mem_limit=spec.limits.memory_bytes,
+            memswap_limit=spec.limits.memory_bytes,
+            pids_limit=spec.limits.max_processes,
+            nano_cpus=int(spec.limits.cpus * NANO),
+            # Protected paths read-only over the workspace (sandbox/protected.py).
+            volumes={**volumes, **docker_volumes(spec.workspace, spec.protected_paths, WORKSPACE)},
+            environment=env,
+            labels={LABEL: spec.sandbox_id, STATE_LABEL: self.launcher._state},
+            log_config=LOG_CONFIG,
+            name=self.name,
+        )
 
-    def close(self) -> None:
-        self._client.close()
-        if self._owns_warden:
-            self._warden.close()
+    def attach(self) -> None:
+        # Attached before it starts, so the stream holds its output from the first
+        # byte (the handshake), while the engine's capped log may have lost it.
+        self.output = self.container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
+
+    def start(self) -> None:
+        self.container.start()
+
+    def child(self) -> ContainerChild:
+        self.result = ContainerChild(self.launcher._client, self.container, self.socket_path, self.output, self.gate, self.launcher._warden, self.launcher._engine)
+        return self.result
+
+    def undo(self) -> None:
+        if self.result is not None:
+            for fd in (self.result.stdout_fd, self.result.stderr_fd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if self.output is not None:
+            with contextlib.suppress(Exception):
+                self.output.close()
+        self.gate.remove()
+        if self.watched:
+            # By name: a create that failed on our side may still have made it.
+            try:
+                self.launcher._client.api.remove_container(self.name, force=True)
+            except docker.errors.NotFound:
+                pass
+            # Anything else (an engine that does not answer): the warden keeps it
+            # listed and removes it when the supervisor goes.
+            self.launcher._warden.forget_container(self.name)

@@ -3,19 +3,32 @@ backend. One small contract (go-plugin's runner.Runner is the model): start, wai
 signal, kill everything, read its output pipes, say where its socket is, and diagnose
 a death. `sandbox.process` is the first implementation; bwrap and docker follow it.
 
+Event-loop discipline: every method that may block (a process spawn, a chown walk,
+a scan of the process table, a cgroup write or wait, an engine call) is async and
+does its blocking part in a worker thread (`in_thread`); what stays sync is cheap
+(`wait`, `rss_bytes`) or is the documented exception (`kill_all_now`). A launch that
+is cancelled midway kills and removes what it started before the cancellation goes
+on: no orphan child, cgroup folder or container (tests/test_launchers.py).
+
 Supervisor-side code: it never runs plugin code and never imports `sandbox.host`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import signal as _signal
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from sandbox.handshake import GatePayload
 
+T = TypeVar("T")
 MiB = 1024 * 1024
 
 
@@ -108,7 +121,7 @@ class ExitStatus:
 
 class Child(Protocol):
     """One started child. Created by `Launcher.launch`; owned by the supervisor's
-    Sandbox record for one incarnation; `close()` releases its fds once it is dead."""
+    incarnation of a sandbox, which calls `aclose()` once it is dead."""
 
     pid: int
     stdout_fd: int
@@ -121,35 +134,118 @@ class Child(Protocol):
         (event-driven, never polled)."""
         ...
 
-    def signal_group(self, sig: int) -> None:
-        """Send `sig` to the child's whole process group."""
+    async def signal_group(self, sig: int) -> None:
+        """Send `sig` to the child's whole process group (bwrap: the host's group
+        inside the sandbox; docker: the container)."""
         ...
 
-    def kill_all(self) -> None:
-        """SIGKILL the child and everything it started: its group and its cgroup.
-        Safe to call after the child has exited, to sweep up descendants."""
+    async def kill_all(self) -> None:
+        """SIGKILL the child and everything it started: its group, its cgroup (and
+        its container). Idempotent, and safe after the child has exited, to sweep up
+        descendants."""
         ...
 
-    def diagnose(self) -> str:
+    def kill_all_now(self) -> None:
+        """`kill_all` for code that cannot await: a `finally` on a path where the
+        loop is gone or the process is exiting. Best effort and sync; it sends the
+        kills and waits for no engine beyond a short bound. Everywhere else, await
+        `kill_all`."""
+        ...
+
+    async def diagnose(self) -> str:
         """Why the child may have died, from what the backend saw (for example the
         memory cgroup's OOM counter). Empty when there is nothing to add."""
         ...
 
-    def rss_bytes(self) -> int | None: ...
-
-    def usage(self) -> dict[str, object] | None:
+    async def usage(self) -> dict[str, object] | None:
         """What `clawsup status` shows beyond the pid: a container's id, memory and
-        CPU time. None for a plain process."""
+        CPU time. None for a plain process. Never waits on the engine for more than
+        the sample already in flight: a poll gets the last sample, at most one a
+        second is taken."""
         ...
 
-    def close(self) -> None: ...
+    def rss_bytes(self) -> int | None:
+        """Resident memory, cheaply (a few /proc reads); None when unknown."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the child holds: its fds, its cgroup folder (once its last
+        process is gone), its container and start gate. Idempotent; meant for after
+        its death (a live child is killed first)."""
+        ...
 
 
 class Launcher(Protocol):
     name: str
 
-    async def launch(self, spec: LaunchSpec) -> Child: ...
-
-    def close(self) -> None:
-        """Release what the launcher holds for all its children (cgroup parents)."""
+    async def launch(self, spec: LaunchSpec) -> Child:
+        """Start one child. Never blocks the loop; if cancelled midway, kills and
+        removes what it had started before the cancellation propagates."""
         ...
+
+    async def aclose(self) -> None:
+        """Release what the launcher holds for all its children (cgroup parents, its
+        warden if it owns one, its engine client). After its children are closed."""
+        ...
+
+
+# -- for implementations ----------------------------------------------------------
+
+
+async def in_thread(fn: Callable[[], T], *, executor: Executor | None = None) -> T:
+    """`fn()` in a worker thread. A thread cannot be stopped, so if the caller is
+    cancelled meanwhile this still waits for `fn` to finish before re-raising: what
+    `fn` made is then recorded where the caller's cleanup finds it, never left
+    running unowned. `fn` must be bounded."""
+    loop = asyncio.get_running_loop()
+    fut = loop.run_in_executor(executor, functools.partial(contextvars.copy_context().run, fn))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await outlast(fut)
+        raise
+
+
+async def outlast(fut: asyncio.Future[T]) -> bool:
+    """Wait for `fut` to settle, through any cancellation of the caller (cleanup that
+    must complete). Returns whether the caller was cancelled meanwhile: re-raising
+    that is the caller's job. `fut`'s own result or error is not raised here."""
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            cancelled = True
+        except BaseException:
+            break
+    if not fut.cancelled():
+        fut.exception()  # retrieved: no "exception was never retrieved" noise
+    return cancelled
+
+
+async def cleanup_in_thread(fn: Callable[[], object], *, executor: Executor | None = None) -> None:
+    """Run cleanup `fn` in a worker thread to its end, whatever cancellation arrives
+    meanwhile; then raise that cancellation, else `fn`'s own error."""
+    loop = asyncio.get_running_loop()
+    fut = loop.run_in_executor(executor, functools.partial(contextvars.copy_context().run, fn))
+    if await outlast(fut):
+        raise asyncio.CancelledError
+    fut.result()
+
+
+class Pacer:
+    """For a long walk in a worker thread (a chown of a whole workspace, a sweep of
+    /tmp): every `every` entries it lets go of the GIL for a moment. Python code in a
+    thread holds the GIL between its syscalls, and on a busy machine the holder is
+    often descheduled while holding it: the loop's thread then waited tens of ms for
+    it (tests/test_launchers.py::test_a_slow_launch_does_not_stall_the_loop)."""
+
+    def __init__(self, every: int = 128, pause_s: float = 0.0005) -> None:
+        self._every = every
+        self._pause_s = pause_s
+        self._n = 0
+
+    def tick(self) -> None:
+        self._n += 1
+        if self._n % self._every == 0:
+            time.sleep(self._pause_s)

@@ -11,7 +11,8 @@ The walk never follows a symlink (every folder is opened relative to its parent
 with O_NOFOLLOW), stays on the folder's own filesystem, and enters only folders the
 uid could have written into (its own, or writable by others), so a busy /tmp costs
 little. Bounded in depth and entries; what lies beyond stays. Supervisor-side code,
-run when the child is dead, so nothing of the uid is writing meanwhile.
+run when the child is dead, so nothing of the uid is writing meanwhile, and in a
+worker thread (ProcessChild.aclose), never on the event loop.
 tests/test_sandbox_walls.py.
 """
 
@@ -22,7 +23,7 @@ import os
 import pwd
 import stat
 
-from sandbox.launcher import ChildUser
+from sandbox.launcher import ChildUser, Pacer
 
 SCRATCH = ("/tmp", "/dev/shm")
 MAX_DEPTH = 64
@@ -43,6 +44,7 @@ def own_uid(user: ChildUser | None) -> bool:
 def remove(user: ChildUser, folders: tuple[str, ...] = SCRATCH) -> int:
     """Remove what `user` owns in `folders`; returns how many entries went."""
     budget = [MAX_ENTRIES]
+    pacer = Pacer()
     removed = 0
     for top in folders:
         try:
@@ -50,13 +52,13 @@ def remove(user: ChildUser, folders: tuple[str, ...] = SCRATCH) -> int:
         except OSError:
             continue
         try:
-            removed += _sweep(fd, os.fstat(fd).st_dev, user, 0, budget)
+            removed += _sweep(fd, os.fstat(fd).st_dev, user, 0, budget, pacer)
         finally:
             os.close(fd)
     return removed
 
 
-def _sweep(dfd: int, dev: int, user: ChildUser, depth: int, budget: list[int]) -> int:
+def _sweep(dfd: int, dev: int, user: ChildUser, depth: int, budget: list[int], pacer: Pacer) -> int:
     removed = 0
     try:
         with os.scandir(dfd) as it:
@@ -64,6 +66,7 @@ def _sweep(dfd: int, dev: int, user: ChildUser, depth: int, budget: list[int]) -
     except OSError:
         return 0
     for name in names:
+        pacer.tick()
         budget[0] -= 1
         if budget[0] < 0:
             break
@@ -79,7 +82,7 @@ def _sweep(dfd: int, dev: int, user: ChildUser, depth: int, budget: list[int]) -
                     sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
                     try:
                         if os.fstat(sub).st_ino == st.st_ino:
-                            removed += _sweep(sub, dev, user, depth + 1, budget)
+                            removed += _sweep(sub, dev, user, depth + 1, budget, pacer)
                     finally:
                         os.close(sub)
             if mine:

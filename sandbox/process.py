@@ -19,7 +19,8 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import psutil
@@ -28,7 +29,8 @@ from loguru import logger
 from sandbox import leftovers
 from sandbox import warden as _warden_module
 from sandbox.cgroup import Cgroup, CgroupRoot
-from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, MiB
+from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, MiB, Pacer, cleanup_in_thread, in_thread, outlast
+from sandbox.protected import Mounts
 
 # Address space beyond the memory limit: an idle grpc.aio child maps several hundred
 # MiB it never touches (thread stacks, malloc arenas). The memory cgroup enforces the
@@ -36,9 +38,19 @@ from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, MiB
 ADDRESS_SPACE_HEADROOM = 1024 * MiB
 
 
+KILL_WAIT_S = 2.0
+"""How long `kill_all` waits for the cgroup's processes to be gone, so that a death
+is reported once nothing of the child runs (its folder goes at `aclose`)."""
+CLOSE_WAIT_S = 5.0
+"""How long `aclose` waits for a child that is still alive after its kill."""
+MAX_TREE = 256
+"""The most processes `rss_bytes` and bwrap's signal look at in a child's tree."""
+
+
 class ProcessChild:
     """One child process. Held by pidfd: PIDs wrap quickly here (pid_max 32768), and a
-    pidfd can never name a different process."""
+    pidfd can never name a different process. Created by `ProcessLauncher.launch`,
+    owned by the supervisor's incarnation, released by `aclose()`."""
 
     def __init__(
         self, popen: subprocess.Popen[bytes], pidfd: int, socket_path: str, cgroup: Cgroup | None, warden: Warden, run_as: ChildUser | None = None
@@ -54,30 +66,46 @@ class ProcessChild:
         self.stdout_fd = popen.stdout.fileno()
         self.stderr_fd = popen.stderr.fileno()
         self._exit: asyncio.Future[ExitStatus] | None = None
+        self._watching: asyncio.AbstractEventLoop | None = None
+        self._closed = False
 
     def wait(self) -> asyncio.Future[ExitStatus]:
         if self._exit is None:
             loop = asyncio.get_running_loop()
             self._exit = loop.create_future()
-            loop.add_reader(self._pidfd, self._on_exit)
+            if self.exited:
+                self._exit.set_result(self._translate(_status_of(self._popen.returncode)))
+            else:
+                loop.add_reader(self._pidfd, self._on_exit)
+                self._watching = loop
         return self._exit
 
     def _on_exit(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(self._pidfd)
-        info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
-        # Popen must not try to reap a pid we already reaped (it could be reused).
-        if info is None:
-            status = ExitStatus()
-            self._popen.returncode = -1
-        elif info.si_code == os.CLD_EXITED:
-            status = ExitStatus(code=info.si_status)
-            self._popen.returncode = info.si_status
-        else:
-            status = ExitStatus(signal=info.si_status)
-            self._popen.returncode = -info.si_status
+        self._unwatch()
+        status = self._reap()
         if self._exit is not None and not self._exit.done():
             self._exit.set_result(self._translate(status))
+
+    def _unwatch(self) -> None:
+        if self._watching is not None:
+            self._watching.remove_reader(self._pidfd)
+            self._watching = None
+
+    def _reap(self) -> ExitStatus:
+        """The pidfd is readable: the child has exited; reaping it cannot block."""
+        try:
+            info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED)
+        except ChildProcessError:
+            info = None
+        # Popen must not try to reap a pid we already reaped (it could be reused).
+        if info is None:
+            self._popen.returncode = -1
+            return ExitStatus()
+        if info.si_code == os.CLD_EXITED:
+            self._popen.returncode = info.si_status
+            return ExitStatus(code=info.si_status)
+        self._popen.returncode = -info.si_status
+        return ExitStatus(signal=info.si_status)
 
     def _translate(self, status: ExitStatus) -> ExitStatus:
         """For wrappers that report their child's end in their own exit code."""
@@ -87,28 +115,53 @@ class ProcessChild:
     def exited(self) -> bool:
         return self._popen.returncode is not None
 
-    def signal_group(self, sig: int) -> None:
+    async def signal_group(self, sig: int) -> None:
+        self._signal_group(sig)
+
+    def _signal_group(self, sig: int) -> None:
         # The group id is the child's pid (it is a session leader). The number stays
         # ours while any member of the group lives, even after the leader is reaped.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 
-    def kill_all(self) -> None:
-        if not self.exited:
-            with contextlib.suppress(ProcessLookupError):
+    def _send_kills(self) -> None:
+        """Two syscalls, no wait: the child by its pidfd, then its group."""
+        if not self.exited and not self._closed:
+            with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-        self.signal_group(signal.SIGKILL)
+        self._signal_group(signal.SIGKILL)
+
+    async def kill_all(self) -> None:
+        self._send_kills()
+        if self._cgroup is not None:
+            cgroup = self._cgroup
+
+            def sweep() -> None:
+                cgroup.kill_all()
+                cgroup.wait_empty(KILL_WAIT_S)
+
+            await in_thread(sweep)
+
+    def kill_all_now(self) -> None:
+        """Sync, for a `finally` that cannot await (see sandbox.launcher.Child): the
+        same kills as `kill_all`, without waiting for the cgroup to empty."""
+        self._send_kills()
         if self._cgroup is not None:
             self._cgroup.kill_all()
 
-    def diagnose(self) -> str:
-        if self._cgroup is None:
+    async def diagnose(self) -> str:
+        cgroup = self._cgroup
+        if cgroup is None:
             return ""
-        if self._cgroup.memory_limit_hit():
-            return "memory limit"
-        if self._cgroup.pids_limit_hit():
-            return "process limit reached"
-        return ""
+
+        def read() -> str:
+            if cgroup.memory_limit_hit():
+                return "memory limit"
+            if cgroup.pids_limit_hit():
+                return "process limit reached"
+            return ""
+
+        return await in_thread(read)
 
     def rss_bytes(self) -> int | None:
         if self.exited:
@@ -118,20 +171,39 @@ class ProcessChild:
         except psutil.Error:
             return None
 
-    def usage(self) -> dict[str, object] | None:
+    async def usage(self) -> dict[str, object] | None:
         return None
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        if not self.exited:
+            # Meant for a dead child; a live one is killed first, not left unowned.
+            await self.kill_all()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await asyncio.shield(self.wait())
+        self._closed = True
+        self._unwatch()
+        if self._exit is not None and not self._exit.done():
+            self._exit.set_result(ExitStatus(reason="still running when closed"))
         for f in (self._popen.stdout, self._popen.stderr):
             if f is not None:
                 with contextlib.suppress(OSError):
                     f.close()
         with contextlib.suppress(OSError):
             os.close(self._pidfd)
+        try:
+            await cleanup_in_thread(self._release)
+        finally:
+            self._warden.forget(self.pid)
+
+    def _release(self) -> None:
+        """The blocking part of `aclose`: the cgroup folder, once its last process is
+        gone (sandbox/cgroup.py), and what the child's own uid left in the host's
+        scratch folders."""
         if self._cgroup is not None:
-            self._cgroup.kill_all()
             self._cgroup.remove()
-        self._warden.forget(self.pid)
         if not self._private_scratch and leftovers.own_uid(self._run_as):
             assert self._run_as is not None
             leftovers.remove(self._run_as)
@@ -139,6 +211,34 @@ class ProcessChild:
     _private_scratch = False
     """Whether the child had /tmp and /dev/shm of its own (bwrap); else what its own
     uid left in the host's is removed at close (sandbox/leftovers.py)."""
+
+
+def _status_of(returncode: int | None) -> ExitStatus:
+    if returncode is None:
+        return ExitStatus()
+    return ExitStatus(code=returncode) if returncode >= 0 else ExitStatus(signal=-returncode)
+
+
+def descendants(pid: int, limit: int = MAX_TREE) -> list[int]:
+    """`pid`'s descendants, from /proc/<pid>/task/<tid>/children: a few reads per
+    process of the tree, never a scan of the whole process table."""
+    out: list[int] = []
+    todo = [pid]
+    while todo and len(out) < limit:
+        p = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out[:limit]
 
 
 class Warden:
@@ -158,9 +258,12 @@ class Warden:
         )
         assert self._popen.stdin is not None
         self._pipe = self._popen.stdin
+        # Lines come from the loop and from launch and cleanup threads; each goes
+        # whole. (A few dozen bytes into a pipe the warden drains: never a wait.)
+        self._lock = threading.Lock()
 
     def _send(self, line: str) -> None:
-        with contextlib.suppress(OSError, ValueError):
+        with self._lock, contextlib.suppress(OSError, ValueError):
             self._pipe.write(line.encode() + b"\n")
             self._pipe.flush()
 
@@ -179,10 +282,14 @@ class Warden:
         self._send(f"del-container {name}")
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
+        """Sync: it waits up to 5 s for the warden to exit. From the loop, `aclose`."""
+        with self._lock, contextlib.suppress(OSError):
             self._pipe.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._popen.wait(timeout=5)
+
+    async def aclose(self) -> None:
+        await cleanup_in_thread(self.close)
 
 
 def named_user(setting: str) -> ChildUser:
@@ -281,6 +388,9 @@ def _probe_user(user: ChildUser, plugin_dirs: list[Path], reach: list[Path]) -> 
 
 
 class ProcessLauncher:
+    """Starts process-backend children. Created by the gateway (or `clawsup exec
+    run`), one per backend; `aclose()` once its children are closed."""
+
     name = "process"
 
     def __init__(self, cgroups: CgroupRoot | None, warden: Warden | None = None) -> None:
@@ -289,20 +399,96 @@ class ProcessLauncher:
         self._cgroups = cgroups
         self._owns_warden = warden is None
         self._warden = warden or Warden()
+        self.checkpoint: Callable[[str], Awaitable[None]] | None = None
+        """Awaited between the steps of a launch with the next step's name
+        ("prepare", "spawn", "gate", "return"): where tests/test_launchers.py
+        cancels a launch midway. None in service."""
 
     async def launch(self, spec: LaunchSpec) -> Child:
-        socket_path = str(spec.run_dir / "host.sock")
-        u = spec.run_as
+        # Each step runs in a worker thread (a chown walk, a cgroup's writes, a scan of
+        # the process table, Popen); `_Start` records what each one made, so that a
+        # failure or a cancellation anywhere undoes exactly that.
+        start = _Start(self, spec)
+        try:
+            await self._at("prepare")
+            await in_thread(start.prepare)
+            await self._at("spawn")
+            await in_thread(start.spawn)
+            await self._at("gate")
+            await in_thread(start.open_gate)
+            await self._at("return")
+            return start.child()
+        except BaseException as e:
+            said = await _undo(start)
+            if said and isinstance(e, Exception):
+                raise OSError(f"the child died while starting: {said.splitlines()[-1]}") from e
+            raise
+
+    async def _at(self, step: str) -> None:
+        if self.checkpoint is not None:
+            await self.checkpoint(step)
+
+    # Hooks for backends that wrap the host command (sandbox/bwrap.py).
+    _child_class: type[ProcessChild] = ProcessChild
+    _attach_after_spawn = True
+    """Whether the cgroup is joined from outside once the child exists. Right for a
+    lone child blocked on its gate; a wrapper that forks joins before it execs."""
+
+    def _host_parent_pid(self) -> int:
+        return os.getpid()
+
+    def _mounts(self, spec: LaunchSpec) -> Mounts:
+        """Descriptors the wrapper needs besides the gate (bwrap: its mount sources),
+        opened in the launch's prepare step; closed once the child has its copies."""
+        return Mounts([])
+
+    def _wrap(self, spec: LaunchSpec, argv: list[str], cgroup: Cgroup | None, mounts: Mounts) -> tuple[list[str], Path, dict[str, str]]:
+        return argv, spec.workspace, spec.env
+
+    async def aclose(self) -> None:
+        await cleanup_in_thread(self._close)
+
+    def _close(self) -> None:
+        if self._owns_warden:
+            self._warden.close()
+        if self._cgroups is not None:
+            self._cgroups.remove()
+
+
+class _Start:
+    """One launch in progress: what it has made so far. Each step is a method run in a
+    worker thread; `undo` (also in a thread) removes whatever exists, whichever step
+    failed or was cancelled."""
+
+    def __init__(self, launcher: ProcessLauncher, spec: LaunchSpec) -> None:
+        self.launcher = launcher
+        self.spec = spec
+        self.socket_path = str(spec.run_dir / "host.sock")
+        self.cgroup: Cgroup | None = None
+        self.mounts: Mounts | None = None
+        self.rlimits: dict[str, int] = {}
+        self.gate_r: int | None = None
+        self.gate_w: int | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.pidfd: int | None = None
+        self.watched = False
+
+    def prepare(self) -> None:
+        spec, u = self.spec, self.spec.run_as
         if u is not None:
             if not spec.operator_workspace:
                 _give(spec.workspace, u)
             chown_dir(spec.run_dir, u.uid, u.gid)
-        cgroup = None
-        if self._cgroups is not None:
-            cgroup = self._cgroups.child(
-                spec.sandbox_id, max_processes=spec.limits.max_processes, memory_bytes=spec.limits.memory_bytes
-            )
-        gate_r, gate_w = os.pipe()
+        cgroups = self.launcher._cgroups
+        if cgroups is not None:
+            self.cgroup = cgroups.child(spec.sandbox_id, max_processes=spec.limits.max_processes, memory_bytes=spec.limits.memory_bytes)
+        child_uid = u.uid if u is not None else os.geteuid()
+        self.rlimits = _rlimits(spec, have_cgroup=self.cgroup is not None, child_uid=child_uid)
+        self.mounts = self.launcher._mounts(spec)
+        self.gate_r, self.gate_w = os.pipe()
+
+    def spawn(self) -> None:
+        assert self.gate_r is not None and self.mounts is not None
         argv = [
             # -I: the workspace is the cwd and is writable by the plugin; isolated
             # mode keeps it (and PYTHON* variables) off sys.path, so a plugin cannot
@@ -310,89 +496,116 @@ class ProcessLauncher:
             # -u: a plugin's print() reaches the log at once, and is not lost in a
             # buffer when the child crashes (-I ignores PYTHONUNBUFFERED).
             sys.executable, "-I", "-u", "-m", "sandbox.host",
-            "--plugin-dir", str(spec.plugin_dir or ""),
-            "--socket", socket_path,
-            "--gate-fd", str(gate_r),
-            "--parent-pid", str(self._host_parent_pid()),
+            "--plugin-dir", str(self.spec.plugin_dir or ""),
+            "--socket", self.socket_path,
+            "--gate-fd", str(self.gate_r),
+            "--parent-pid", str(self.launcher._host_parent_pid()),
         ]  # fmt: skip
-        argv, cwd, env = self._wrap(spec, argv, cgroup)
-        try:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                pass_fds=(gate_r, *self._pass_fds),
-                close_fds=True,
-                # No user=/group= here: the child drops privileges itself (see
-                # sandbox/host/__main__.py), so that Popen can vfork.
-            )
-        except BaseException:
-            os.close(gate_w)
-            if cgroup is not None:
-                cgroup.remove()
-            raise
-        finally:
-            os.close(gate_r)
+        argv, cwd, env = self.launcher._wrap(self.spec, argv, self.cgroup, self.mounts)
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            pass_fds=(self.gate_r, *(m.fd for m in self.mounts.items)),
+            close_fds=True,
+            # No user=/group= here: the child drops privileges itself (see
+            # sandbox/host/__main__.py), so that Popen can vfork.
+        )
         # Not yet reaped, so the pid still names our child: pidfd_open is race-free.
-        pidfd = os.pidfd_open(popen.pid)
-        try:
-            if cgroup is not None and self._attach_after_spawn:
-                cgroup.attach(popen.pid)
-            child_uid = spec.run_as.uid if spec.run_as is not None else os.geteuid()
-            rlimits = _rlimits(spec, have_cgroup=cgroup is not None, child_uid=child_uid)
-            _prlimit(popen.pid, rlimits, spec.sandbox_id)
-            # Open the gate: only now may the child go on to load plugin code.
-            run_as = (u.uid, u.gid) if u is not None else None
-            os.write(gate_w, dataclasses.replace(spec.gate, rlimits=rlimits, run_as=run_as).encode())
-        except BaseException:
-            # Clean up without masking what went wrong.
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-            popen.returncode = -9
-            os.close(pidfd)
-            if cgroup is not None:
-                cgroup.kill_all()
-                cgroup.remove()
-            said = popen.stderr.read(4096).decode(errors="replace").strip() if popen.stderr else ""
+        self.pidfd = os.pidfd_open(self.popen.pid)
+        # The child has its copies of these.
+        os.close(self.gate_r)
+        self.gate_r = None
+        self.mounts.close()
+
+    def open_gate(self) -> None:
+        assert self.popen is not None and self.gate_w is not None
+        pid = self.popen.pid
+        if self.cgroup is not None and self.launcher._attach_after_spawn:
+            self.cgroup.attach(pid)
+        _prlimit(pid, self.rlimits, self.spec.sandbox_id)
+        self.launcher._warden.watch(pid, self.cgroup)
+        self.watched = True
+        # Open the gate: only now may the child go on to load plugin code.
+        u = self.spec.run_as
+        run_as = (u.uid, u.gid) if u is not None else None
+        payload = dataclasses.replace(self.spec.gate, rlimits=self.rlimits, run_as=run_as).encode()
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(self.gate_w, view) :]
+        os.close(self.gate_w)
+        self.gate_w = None
+        assert self.popen.stdout is not None and self.popen.stderr is not None
+        os.set_blocking(self.popen.stdout.fileno(), False)
+        os.set_blocking(self.popen.stderr.fileno(), False)
+
+    def child(self) -> ProcessChild:
+        assert self.popen is not None and self.pidfd is not None
+        return self.launcher._child_class(self.popen, self.pidfd, self.socket_path, self.cgroup, self.launcher._warden, run_as=self.spec.run_as)
+
+    def undo(self) -> str:
+        """Kill and remove what this launch made; returns the child's last words on
+        stderr, if it said any. Bounded: a SIGKILLed child exits, and the cgroup
+        wait is (sandbox/cgroup.py)."""
+        # A child still blocked on its gate reads EOF there and exits.
+        for fd in (self.gate_w, self.gate_r):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.gate_r = self.gate_w = None
+        if self.mounts is not None:
+            self.mounts.close()
+        said = ""
+        popen = self.popen
+        if popen is not None:
+            if self.pidfd is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:  # pidfd_open failed: the pid is still unreaped, so still ours
+                popen.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(popen.pid, signal.SIGKILL)
+            if self.cgroup is not None:
+                self.cgroup.kill_all()
+            if self.pidfd is not None:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED)
+                popen.returncode = -signal.SIGKILL
+                os.close(self.pidfd)
+                self.pidfd = None
+            else:
+                popen.wait()
+            if popen.stderr is not None:
+                # Never blocks: a descendant may still hold the pipe's other end.
+                os.set_blocking(popen.stderr.fileno(), False)
+                with contextlib.suppress(OSError, TypeError):
+                    said = (popen.stderr.read(4096) or b"").decode(errors="replace").strip()
             for f in (popen.stdout, popen.stderr):
                 if f is not None:
                     f.close()
-            if said:
-                raise OSError(f"the child died while starting: {said.splitlines()[-1]}")
-            raise
-        finally:
-            os.close(gate_w)
-        self._warden.watch(popen.pid, cgroup)
-        child = self._child_class(popen, pidfd, socket_path, cgroup, self._warden, run_as=spec.run_as)
-        os.set_blocking(child.stdout_fd, False)
-        os.set_blocking(child.stderr_fd, False)
-        return child
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.watched and popen is not None:
+            self.launcher._warden.forget(popen.pid)
+        return said
 
-    # Hooks for backends that wrap the host command (sandbox/bwrap.py).
-    _child_class: type[ProcessChild] = ProcessChild
-    _attach_after_spawn = True
-    _pass_fds: tuple[int, ...] = ()
-    """Descriptors the wrapper needs besides the gate (bwrap: its mount sources)."""
-    """Whether the cgroup is joined from outside once the child exists. Right for a
-    lone child blocked on its gate; a wrapper that forks joins before it execs."""
 
-    def _host_parent_pid(self) -> int:
-        return os.getpid()
-
-    def _wrap(self, spec: LaunchSpec, argv: list[str], cgroup: Cgroup | None) -> tuple[list[str], Path, dict[str, str]]:
-        return argv, spec.workspace, spec.env
-
-    def close(self) -> None:
-        if self._owns_warden:
-            self._warden.close()
-        if self._cgroups is not None:
-            self._cgroups.remove()
+async def _undo(start: _Start) -> str:
+    """Run `start.undo` to its end whatever cancellation arrives meanwhile (the
+    launch re-raises what stopped it)."""
+    loop = asyncio.get_running_loop()
+    fut = loop.run_in_executor(None, start.undo)
+    await outlast(fut)
+    if fut.cancelled() or fut.exception() is not None:
+        logger.opt(exception=None if fut.cancelled() else fut.exception()).error(
+            "{}: cleaning up after a failed launch failed; its cgroup or processes may be left", start.spec.sandbox_id
+        )
+        return ""
+    return fut.result()
 
 
 # How deep `_give` descends. Only a child builds a deeper tree; below this its
@@ -428,7 +641,7 @@ def _give(workspace: Path, user: ChildUser) -> None:
         st = os.fstat(top)
         if (st.st_uid, st.st_gid) == (user.uid, user.gid):
             return
-        _give_tree(top, "", frozenset({st.st_uid, os.geteuid(), user.uid}), user, kept, 0)
+        _give_tree(top, "", frozenset({st.st_uid, os.geteuid(), user.uid}), user, kept, 0, Pacer())
         os.fchown(top, user.uid, user.gid)
     finally:
         os.close(top)
@@ -437,8 +650,9 @@ def _give(workspace: Path, user: ChildUser) -> None:
         logger.warning("{}: left to their owners, not given to uid {}: {}{}", workspace, user.uid, "; ".join(kept[:10]), more)
 
 
-def _give_tree(dfd: int, rel: str, movable: frozenset[int], user: ChildUser, kept: list[str], depth: int) -> None:
+def _give_tree(dfd: int, rel: str, movable: frozenset[int], user: ChildUser, kept: list[str], depth: int, pacer: Pacer) -> None:
     for name in os.listdir(dfd):
+        pacer.tick()
         path = rel + name
         try:
             # A directory opens as one; anything else (a FIFO, a device) is not opened
@@ -457,7 +671,7 @@ def _give_tree(dfd: int, rel: str, movable: frozenset[int], user: ChildUser, kep
                 kept.append(f"{path} (uid {st.st_uid})")
             elif stat.S_ISDIR(st.st_mode):
                 if depth < GIVE_MAX_DEPTH:
-                    _give_tree(fd, path + "/", movable, user, kept, depth + 1)
+                    _give_tree(fd, path + "/", movable, user, kept, depth + 1, pacer)
                 else:
                     kept.append(f"what is below {path}/ (deeper than {GIVE_MAX_DEPTH} levels)")
                 os.fchown(fd, user.uid, user.gid)

@@ -26,6 +26,7 @@ never see half of one. Supervisor-side code; tests/test_uids.py proves each prom
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -212,6 +213,18 @@ class SandboxUids:
 
     def user(self, sandbox_id: str) -> ChildUser:
         return self.users([sandbox_id])[sandbox_id]
+
+    async def auser(self, sandbox_id: str) -> ChildUser:
+        """`user` from the event loop: a first answer for a key takes the record's
+        lock and may scan every process of the machine, so it runs in a worker
+        thread; a remembered one is returned at once."""
+        if (known := self._known.get(sandbox_id)) is not None:
+            return known
+        return await asyncio.to_thread(self.user, sandbox_id)
+
+    async def arelease(self, sandbox_id: str) -> None:
+        """`release` from the event loop (it takes the record's lock)."""
+        await asyncio.to_thread(self.release, sandbox_id)
 
     def release(self, sandbox_id: str) -> None:
         self._known.pop(sandbox_id, None)

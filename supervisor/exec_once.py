@@ -73,7 +73,8 @@ async def run_once(
 ) -> OnceResult:
     settings = settings_from_config(cfg, source=source)
     if backend is not None:
-        if problem := backend_problem(backend):
+        # It may ask the docker engine: not on the loop.
+        if problem := await asyncio.to_thread(backend_problem, backend):
             raise ConfigError("--backend", [problem])
         settings = replace(settings, backend=backend)
     e = settings.exec
@@ -86,8 +87,10 @@ async def run_once(
 
     state = Path(tempfile.mkdtemp(prefix="clawsup-exec-"))
     uids: SandboxUids | None = None
-    cgroups = CgroupRoot.create()
-    launcher: Launcher = make_launcher(settings.backend, cgroups=cgroups, state_dir=state)
+    # Both block (cgroup writes and a sweep; the warden's spawn; docker asks the
+    # engine), so they run in a worker thread.
+    cgroups = await asyncio.to_thread(CgroupRoot.create)
+    launcher: Launcher = await asyncio.to_thread(make_launcher, settings.backend, cgroups=cgroups, state_dir=state)
     manager: SandboxManager | None = None
     try:
         paths = StatePaths(state)
@@ -96,6 +99,9 @@ async def run_once(
         if os.geteuid() == 0 and workspace is None and settings.backend in ("bwrap", "docker"):
             u = cfg.sandbox.uids
             uids = SandboxUids(UidAllocator(Path(u.registry), u.first, u.count), state)
+            # Allocated now, in a thread (a locked file and maybe a scan of the
+            # machine's processes); manager.add below then finds it remembered.
+            await uids.auser(SANDBOX_ID)
             user_for = lambda plan: uids.user(plan.sandbox_id)  # noqa: E731
         manager = SandboxManager(
             registry=Registry(),
@@ -150,13 +156,13 @@ async def run_once(
         )
     finally:
         if manager is not None:
-            manager.close()
+            await manager.aclose()
         else:
-            launcher.close()
-        shutil.rmtree(state, ignore_errors=True)
+            await launcher.aclose()
+        await asyncio.to_thread(shutil.rmtree, state, ignore_errors=True)
         if uids is not None:
             with contextlib.suppress(Exception):
-                uids.release(SANDBOX_ID)
+                await asyncio.to_thread(uids.release, SANDBOX_ID)
 
 
 def setid_files(root: Path) -> set[tuple[int, int]]:

@@ -86,7 +86,7 @@ def test_supervisor_refuses_a_host_without_the_host_token() -> None:
         root = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))
         (root / "ws").mkdir()
         (root / "run").mkdir(mode=0o700)
-        launcher = ProcessLauncher(CgroupRoot.create())
+        launcher = await asyncio.to_thread(ProcessLauncher, await asyncio.to_thread(CgroupRoot.create))
         gate = GatePayload(sandbox_id="t", supervisor_token="sup-token", host_token="host-token", plugin_id="basics", plugin_version="1", entry="plugin.py", plugin_config={})
         spec = LaunchSpec(sandbox_id="t", plugin_dir=PLUGINS / "basics", workspace=root / "ws", run_dir=root / "run", limits=Limits(), env={"PATH": os.environ["PATH"]}, gate=gate)
         child = await launcher.launch(spec)
@@ -104,10 +104,10 @@ def test_supervisor_refuses_a_host_without_the_host_token() -> None:
             await good.close()
             await impostor_check.close()
         finally:
-            child.kill_all()
+            await child.kill_all()
             await child.wait()
-            child.close()
-            launcher.close()
+            await child.aclose()
+            await launcher.aclose()
 
     asyncio.run(scenario())
 
