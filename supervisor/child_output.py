@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from sandbox.handshake import MAGIC, Handshake, HandshakeError, parse_handshake
+from sandbox.handshake import LOAD_ERROR_MAGIC, MAGIC, Handshake, HandshakeError, LoadError, parse_handshake, parse_load_error
 from supervisor.sandbox_log import LineSplitter, SandboxLog
 
 READ_CHUNK = 64 * 1024
@@ -28,6 +28,9 @@ class ChildOutput:
             stderr_fd: ("stderr", LineSplitter()),
         }
         self.handshake: asyncio.Future[Handshake] = asyncio.get_running_loop().create_future()
+        self.load_error: LoadError | None = None
+        """What the host said, before any handshake, when the plugin could not load
+        (sandbox/handshake.py): believed only together with its exit code."""
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -68,6 +71,10 @@ class ChildOutput:
 
     def _line(self, stream: str, line: str, cut: bool) -> None:
         if stream == "stdout" and not self.handshake.done():
+            if self.load_error is None and LOAD_ERROR_MAGIC in line and (err := parse_load_error(line[line.find(LOAD_ERROR_MAGIC):])) is not None:
+                self.load_error = err
+                self._log.write("clawsup", f"the plugin could not load: {err.message}{f' (at {err.where})' if err.where else ''}")
+                return
             # A plugin may print without a newline before the host's handshake, which
             # then lands mid-line: look for it anywhere in the line.
             at = line.find(MAGIC + "|")

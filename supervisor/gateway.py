@@ -13,7 +13,7 @@ import fcntl
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, ignored_keys, load_
 from supervisor.control import ControlServer
 from supervisor.errors import ClawsupError, ConfigError
 from supervisor.lifecycle import Transition
+from supervisor.loop_watch import watch_loop_from_env
 from supervisor.agent_loop import AgentLoop
 from supervisor.manager import SandboxManager
 from supervisor.messaging import Messaging
@@ -53,7 +54,7 @@ class GatewayOptions:
     state_dir: Path
     extra_plugins: list[Path] = field(default_factory=list)
     on_transition: Callable[[Transition], None] | None = None
-    on_ready: Callable[[SandboxManager], None] | None = None
+    on_ready: Callable[[SandboxManager], Awaitable[None]] | None = None
 
 
 def setup_logging(paths: StatePaths, *, console: bool = True, transitions_shown: bool = True) -> None:
@@ -131,12 +132,11 @@ async def _plain_errors() -> AsyncIterator[None]:
 
 
 async def _stop_idle_workspaces(workspaces: Workspaces, run: asyncio.Task[None]) -> None:
-    period = max(1.0, min(60.0, workspaces.settings.idle_stop_s / 4))
-    while not run.done():
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(period):
-                await asyncio.shield(run)
-        await workspaces.stop_idle()
+    """Discards idle session workspaces for as long as the manager runs. The loop
+    wakes for the next idle deadline or a call's end, never on a period; a stop that
+    fails or overruns is logged there, never raised into the gateway's group."""
+    run.add_done_callback(lambda _: workspaces.close())
+    await workspaces.discard_idle()
 
 
 def _user_policy(run_as: str, process_users: dict[str, ChildUser], uids: SandboxUids) -> Callable[[SandboxPlan], ChildUser | None]:
@@ -183,6 +183,7 @@ def _non_dumpable() -> None:
 
 async def run_gateway(opts: GatewayOptions) -> int:
     _non_dumpable()
+    watch_loop_from_env()  # CLAWSUP_LOOP_DEBUG_MS, a debugging aid: supervisor/loop_watch.py
     paths = StatePaths(opts.state_dir)
     paths.ensure()
     lock = _lock_pidfile(paths)
@@ -192,7 +193,10 @@ async def run_gateway(opts: GatewayOptions) -> int:
         if ignored := ignored_keys(cfg):
             logger.warning("config keys clawsup does not use (kept for OpenClaw compatibility): {}", ", ".join(ignored))
         plans = build_plans(cfg, config_source=str(cfg_path), config_dir=cfg_path.parent, extra_plugins=opts.extra_plugins)
-        cgroups = CgroupRoot.create()
+        # What follows until the control socket listens touches the machine (cgroup
+        # sweeps, the docker engine, the uid record, a probe as another user): each
+        # in a thread, so that the loop stays free for the signals that stop us.
+        cgroups = await asyncio.to_thread(CgroupRoot.create)
         if cgroups is None:
             logger.warning(
                 "no writable cgroup: sandboxes get rlimits only. As root that leaves fork bombs uncontained "
@@ -207,15 +211,17 @@ async def run_gateway(opts: GatewayOptions) -> int:
             process_plans.append(Workspaces(None, workspace).plan_for("workspace"))
         uids = SandboxUids(UidAllocator(Path(s.uids.registry), s.uids.first, s.uids.count), paths.root)
         if os.geteuid() == 0 and s.run_as == "auto":
-            uids.users(p.sandbox_id for p in plans)  # one visit to the machine's record for all of them
-        users, sockets = _choose_child_users(s.run_as, paths, process_plans, str(cfg_path), uids)
+            await asyncio.to_thread(uids.users, [p.sandbox_id for p in plans])  # one visit to the machine's record for all of them
+        users, sockets = await asyncio.to_thread(_choose_child_users, s.run_as, paths, process_plans, str(cfg_path), uids)
         needed = {"process", workspace.backend, *run_backend.values(), *(p.backend for p in plans)}
         for name in sorted(needed):
-            if problem := backend_problem(name):
+            if problem := await asyncio.to_thread(backend_problem, name):
                 asked = [f"plugin {p.plugin_id!r} asks for the {name} backend: {problem}" for p in plans if p.backend == name]
                 raise ConfigError(str(cfg_path), asked or [f"the {name} backend: {problem}"])
-        warden = Warden()
-        launchers: dict[str, Launcher] = {name: make_launcher(name, cgroups=cgroups, state_dir=paths.root, warden=warden) for name in sorted(needed)}
+        warden = await asyncio.to_thread(Warden)
+        launchers: dict[str, Launcher] = {
+            name: await asyncio.to_thread(make_launcher, name, cgroups=cgroups, state_dir=paths.root, warden=warden) for name in sorted(needed)
+        }
         registry = Registry(reserved=frozenset({*CORE_TOOLS, *SPAWN_TOOLS}))
         register_core_tools(registry)
         register_spawn_tools(registry)
@@ -289,12 +295,12 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 await ready.wait()
                 await channels_up.wait()
                 if opts.on_ready is not None:
-                    opts.on_ready(manager)
+                    await opts.on_ready(manager)
         finally:
             await control.close()
             messaging.close()
-            manager.close()
-            warden.close()
+            await manager.aclose()
+            await warden.aclose()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
         logger.info("clawsup supervisor stopped")

@@ -1,6 +1,8 @@
 """The supervisor's gRPC client for one sandbox host (one incarnation).
 
-Protobuf types stop here: callers get dataclasses. Every call carries a deadline and
+gRPC and protobuf stop here: callers get dataclasses and the typed errors below
+(`HostUnreachable`, `CallAborted`, `HostMisbehaved` and its kinds), never a gRPC call
+object or status code. Every call carries a deadline and
 the supervisor's token, and every answer must carry the host's token
 (see proto/clawsup/v1/host.proto for why there are two).
 
@@ -13,9 +15,11 @@ host does with it (`exec_output_bound`). Tests: tests/test_hostile_output.py.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +51,8 @@ class ToolSpec:
     name: str
     description: str
     input_schema: dict[str, Any]
+    problem: str = ""
+    """Why the described tool cannot be registered as sent (an unreadable schema)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +82,26 @@ class ExecResult:
     duration_s: float
     output_bytes: int
     error: str = ""
+
+
+class HostUnreachable(Exception):
+    """The host did not answer: the transport failed or the deadline passed. Usually the
+    child has just died (the supervisor's exit watcher will say how)."""
+
+    def __init__(self, status: str, details: str) -> None:
+        self.status = status
+        """gRPC's status name, for the log: UNAVAILABLE, DEADLINE_EXCEEDED..."""
+        self.details = details
+        super().__init__(f"{status}: {details}")
+
+    @property
+    def deadline(self) -> bool:
+        return self.status == "DEADLINE_EXCEEDED"
+
+
+class CallAborted(Exception):
+    """The supervisor ended this call itself (`HostClient.abort_all`), because the child
+    died: the caller should report the death, not this."""
 
 
 class HostMisbehaved(Exception):
@@ -108,13 +134,12 @@ class AnswerTooLarge(HostMisbehaved):
 _TOO_LARGE = re.compile(r"larger than max \((\d+) vs")
 
 
-def _too_large(e: grpc.aio.AioRpcError, what: str) -> AnswerTooLarge | None:
-    """gRPC's refusal of an oversized message, as an error that says so; None for
-    any other failure."""
-    if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return None
-    m = _TOO_LARGE.search(e.details() or "")
-    return AnswerTooLarge(what, int(m.group(1)) if m else None)
+def _typed(e: grpc.aio.AioRpcError, what: str) -> Exception:
+    """A gRPC failure as one of ours: an oversized message refused says so, anything
+    else is a host that did not answer."""
+    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and (m := _TOO_LARGE.search(e.details() or "")) is not None:
+        return AnswerTooLarge(what, int(m.group(1)))
+    return HostUnreachable(e.code().name, e.details() or "")
 
 
 def exec_output_bound(cap: int) -> HeadTail:
@@ -130,8 +155,47 @@ def exec_output_bound(cap: int) -> HeadTail:
     )
 
 
+class ChildStream:
+    """The child's long-lived request stream (Connect): the requests it sends, and our
+    replies. Errors come out typed, like the client's."""
+
+    def __init__(self, call: Any, host_token: str) -> None:
+        self._call = call
+        self._host_token = host_token
+        self._writing = asyncio.Lock()  # one write at a time on a gRPC stream
+
+    async def open(self) -> None:
+        try:
+            md = await self._call.initial_metadata()
+        except grpc.aio.AioRpcError as e:
+            raise _typed(e, "its stream") from None
+        if md is None or md.get(HOST_TOKEN_METADATA_KEY) != self._host_token:
+            raise HostAuthError("the host's answer lacks its token; refusing it")
+
+    async def requests(self) -> AsyncIterator[Any]:
+        """Each `ChildRequest` the child sends, until it closes the stream."""
+        try:
+            while (msg := await self._call.read()) is not grpc.aio.EOF:
+                if msg.HasField("request"):
+                    yield msg.request
+        except grpc.aio.AioRpcError as e:
+            raise _typed(e, "a request on its stream") from None
+
+    async def reply(self, reply: Any) -> None:
+        """Sends one reply; a stream already gone (the child died) is not an error
+        here: the exit watcher reports the death."""
+        async with self._writing:
+            with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+                await self._call.write(reply)
+
+    def close(self) -> None:
+        self._call.cancel()
+
+
 class HostClient:
-    """Created when a child's handshake arrives; closed when that child dies."""
+    """Created when a child's handshake arrives; closed when that child dies. Every
+    call it has in flight is tracked, so that the child's death ends them all at once
+    (`abort_all`) rather than at their deadlines."""
 
     def __init__(self, socket_path: str, supervisor_token: str, host_token: str) -> None:
         self.channel = grpc.aio.insecure_channel(
@@ -148,76 +212,102 @@ class HostClient:
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self._md = ((TOKEN_METADATA_KEY, supervisor_token),)
         self._host_token = host_token
+        self._inflight: set[Any] = set()
+        self._aborted = False
 
-    @staticmethod
-    async def _answer(call: Any, what: str) -> Any:
+    @contextlib.contextmanager
+    def _tracked(self, call: Any, what: str) -> Iterator[Any]:
+        """One call: tracked while it runs, cancelled if its caller leaves early, and
+        its failure turned into our errors. A call cancelled by `abort_all` raises
+        CallAborted; the caller's own cancellation stays a cancellation."""
+        if self._aborted:
+            call.cancel()
+            raise CallAborted()
+        self._inflight.add(call)
         try:
-            return await call
-        except grpc.aio.AioRpcError as e:
-            if (big := _too_large(e, what)) is not None:
-                raise big from None
+            yield call
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._aborted and (task is None or not task.cancelling()):
+                raise CallAborted() from None
             raise
+        except grpc.aio.AioRpcError as e:
+            if self._aborted and e.code() == grpc.StatusCode.CANCELLED:
+                raise CallAborted() from None
+            raise _typed(e, what) from None
+        finally:
+            self._inflight.discard(call)
+            if not call.done():
+                call.cancel()
 
-    async def _check_host(self, call: Any, *, trailing: bool = True) -> None:
-        """Unary answers carry the host token in trailing metadata, the stream in its
-        initial metadata (see sandbox/host/server.py)."""
-        md = await (call.trailing_metadata() if trailing else call.initial_metadata())
+    def abort_all(self) -> None:
+        """The child is dead: every call in flight, and any started later, ends with
+        CallAborted."""
+        self._aborted = True
+        for call in tuple(self._inflight):
+            call.cancel()
+
+    async def _check_host(self, call: Any) -> None:
+        """Unary answers carry the host token in trailing metadata (see
+        sandbox/host/server.py)."""
+        md = await call.trailing_metadata()
         if md is None or md.get(HOST_TOKEN_METADATA_KEY) != self._host_token:
             raise HostAuthError("the host's answer lacks its token; refusing it")
 
     async def health(self, timeout: float) -> bool:
-        """True when the host says SERVING. Raises grpc.aio.AioRpcError when it does
-        not answer within `timeout`."""
-        resp = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout, metadata=self._md)
+        """True when the host says SERVING. Raises HostUnreachable when it does not
+        answer within `timeout`."""
+        with self._tracked(self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout, metadata=self._md), "its health answer") as call:
+            resp = await call
         return resp.status == health_pb2.HealthCheckResponse.SERVING
 
     async def describe(self, timeout: float) -> Description:
-        call = self._stub.Describe(pb.DescribeRequest(), timeout=timeout, metadata=self._md)
-        resp = await self._answer(call, "its Describe answer")
-        await self._check_host(call)
+        with self._tracked(self._stub.Describe(pb.DescribeRequest(), timeout=timeout, metadata=self._md), "its Describe answer") as call:
+            resp = await call
+            await self._check_host(call)
         tools = []
         for t in resp.tools:
+            schema: dict[str, Any] = {}
+            problem = ""
             try:
-                schema = json.loads(t.input_schema_json) if t.input_schema_json else {}
-            except json.JSONDecodeError:
-                schema = {}
-            tools.append(ToolSpec(name=t.name, description=t.description, input_schema=schema))
+                parsed = json.loads(t.input_schema_json) if t.input_schema_json else {}
+            except (json.JSONDecodeError, RecursionError) as e:
+                # Never read as "accepts anything": the tool is refused.
+                problem = f"its input schema is not JSON the supervisor can read ({type(e).__name__})"
+            else:
+                if isinstance(parsed, dict):
+                    schema = parsed
+                else:
+                    problem = f"its input schema is a JSON {type(parsed).__name__}, not an object"
+            tools.append(ToolSpec(name=t.name, description=t.description, input_schema=schema, problem=problem))
         return Description(plugin_id=resp.plugin_id, plugin_version=resp.plugin_version, protocol=resp.protocol, tools=tuple(tools))
 
-    def invoke(self, name: str, args_json: str, call_id: str, timeout: float, margin: float) -> Any:
-        """Starts the call and returns the grpc.aio call object, so that the caller
-        can track it and cancel it if the child dies. The host gets `timeout` and
-        answers TIMED_OUT itself; the gRPC deadline adds `margin` for that answer."""
+    async def invoke(self, name: str, args_json: str, call_id: str, timeout: float, margin: float) -> ToolOutcome:
+        """One tool call. The host gets `timeout` and answers TIMED_OUT itself; the
+        gRPC deadline adds `margin` for that answer."""
         req = pb.InvokeToolRequest(name=name, args_json=args_json, call_id=call_id, timeout_ms=max(int(timeout * 1000), 1))
-        return self._stub.InvokeTool(req, timeout=timeout + margin, metadata=self._md)
-
-    async def outcome(self, call: Any) -> ToolOutcome:
-        resp = await self._answer(call, "a tool's answer")
-        await self._check_host(call)
+        with self._tracked(self._stub.InvokeTool(req, timeout=timeout + margin, metadata=self._md), "a tool's answer") as call:
+            resp = await call
+            await self._check_host(call)
         if resp.WhichOneof("outcome") == "error":
             e = resp.error
             return ToolOutcome(ok=False, text=e.message, error_kind=_KIND_NAMES.get(e.kind, "unknown"), traceback=e.traceback)
         return ToolOutcome(ok=True, text=resp.result, is_json=resp.result_is_json)
 
-    def exec(self, command: str, workdir: str, timeout: float, output_cap: int, call_id: str, margin: float) -> Any:
-        """Starts an Exec stream and returns the call (read it with `exec_events`).
-        The host enforces `timeout`; the gRPC deadline adds `margin` for the kill
-        grace and the last output."""
+    async def exec(self, command: str, workdir: str, timeout: float, output_cap: int, call_id: str, margin: float) -> AsyncIterator[bytes | ExecResult]:
+        """One Exec stream: the output chunks, then the result; nothing before the
+        host's token, which rides in the first event (see host.proto). The host
+        enforces `timeout`; the gRPC deadline adds `margin` for the kill grace and the
+        last output. At most `output_cap` bytes of output come out, plus a marker,
+        whatever the host sends (`exec_output_bound`); anything after the result is
+        read and dropped, so that the stream ends cleanly."""
         req = pb.ExecRequest(
             command=command, workdir=workdir, timeout_ms=max(int(timeout * 1000), 1), output_cap=output_cap, call_id=call_id
         )
-        return self._stub.Exec(req, timeout=timeout + margin, metadata=self._md)
-
-    async def exec_events(self, call: Any, output_cap: int) -> AsyncIterator[bytes | ExecResult]:
-        """The output chunks, then the result; nothing before the host's token, which
-        rides in the first event (see host.proto). At most `output_cap` bytes of
-        output come out, plus a marker, whatever the host sends (`exec_output_bound`);
-        anything after the result is read and dropped, so that the stream ends
-        cleanly."""
         bound = exec_output_bound(output_cap)
         first = True
         done = False
-        try:
+        with self._tracked(self._stub.Exec(req, timeout=timeout + margin, metadata=self._md), "a chunk of exec output") as call:
             async for ev in call:
                 if first:
                     if ev.host_token != self._host_token:
@@ -242,33 +332,26 @@ class HostClient:
                     output_bytes=max(r.output_bytes, bound.total),
                     error=r.error,
                 )
-        except grpc.aio.AioRpcError as e:
-            if (big := _too_large(e, "a chunk of exec output")) is not None:
-                raise big from None
-            raise
 
-    def run_agent(self, run_id: str, task: str, max_iterations: int, timeout: float) -> Any:
+    async def run_agent(self, run_id: str, task: str, max_iterations: int, timeout: float) -> tuple[str, str]:
+        """A subagent's loop, run by the host: (result text, error)."""
         req = pb.RunAgentRequest(run_id=run_id, task=task, max_iterations=max_iterations)
-        return self._stub.RunAgent(req, timeout=timeout, metadata=self._md)
-
-    async def run_outcome(self, call: Any) -> tuple[str, str]:
-        resp = await self._answer(call, "a subagent run's answer")
-        await self._check_host(call)
+        with self._tracked(self._stub.RunAgent(req, timeout=timeout, metadata=self._md), "a subagent run's answer") as call:
+            resp = await call
+            await self._check_host(call)
         return resp.text, resp.error
 
     async def shutdown(self, reason: str, timeout: float) -> None:
-        call = self._stub.Shutdown(pb.ShutdownRequest(reason=reason), timeout=timeout, metadata=self._md)
-        await call
-        await self._check_host(call)
+        with self._tracked(self._stub.Shutdown(pb.ShutdownRequest(reason=reason), timeout=timeout, metadata=self._md), "its Shutdown answer") as call:
+            await call
+            await self._check_host(call)
 
-    def connect(self) -> Any:
-        """Opens the child's long-lived stream; the caller reads requests and writes
-        replies on the returned call. No deadline: it lives as long as the child,
-        and ends when either side closes."""
-        return self._stub.Connect(metadata=self._md)
-
-    async def check_stream(self, call: Any) -> None:
-        await self._check_host(call, trailing=False)
+    async def connect(self) -> ChildStream:
+        """Opens the child's long-lived stream. No deadline: it lives as long as the
+        child, and ends when either side closes."""
+        stream = ChildStream(self._stub.Connect(metadata=self._md), self._host_token)
+        await stream.open()
+        return stream
 
     async def close(self) -> None:
         await self.channel.close(grace=None)

@@ -102,6 +102,8 @@ class Lifecycle:
     """When the current incarnation became ready."""
     last_exit: ExitStatus | None = None
     seq: int = 0
+    why: str = ""
+    """Why it entered its present state (the last transition's reason), for status."""
     """Counts transitions, so a waiter can tell a new state from an old one."""
     recent: deque[tuple[int, SandboxState]] = field(default_factory=lambda: deque(maxlen=32))
     """The last transitions, (seq, state entered): a waiter woken after two quick
@@ -112,6 +114,7 @@ class Lifecycle:
         if new not in EDGES[old]:
             raise IllegalTransition(f"{self.sandbox_id}: {old.value} → {new.value} is not an allowed edge ({why})")
         self.state = new
+        self.why = why
         self.seq += 1
         self.recent.append((self.seq, new))
         now = self.clock()
@@ -120,7 +123,10 @@ class Lifecycle:
         elif old is S.READY:
             self.started_at = None
         t = Transition(sandbox_id=self.sandbox_id, old=old, new=new, why=why, at=now)
-        logger.bind(transition=True).info("{}: {} → {}{}", self.sandbox_id, old.value, new.value, f" ({why})" if why else "")
+        # `failed` is the one state nobody leaves by themselves: an operator must act,
+        # so it is said at error level, where they look.
+        level = "ERROR" if new is S.FAILED else "INFO"
+        logger.bind(transition=True).log(level, "{}: {} → {}{}", self.sandbox_id, old.value, new.value, f" ({why})" if why else "")
         for listen in self.listeners:
             listen(t)
         return t

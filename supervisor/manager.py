@@ -19,6 +19,7 @@ from typing import Any
 from loguru import logger
 
 from sandbox.launcher import ChildUser, Launcher, MiB
+from supervisor.arguments import check_arguments
 from supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound, UnknownSandbox
 from supervisor.lifecycle import SandboxState
 from supervisor.paths import StatePaths
@@ -28,11 +29,18 @@ from supervisor.supervised import OutputSink, SandboxDirs, SandboxPlan, Supervis
 from supervisor.workspaces import CORE_TOOLS, Workspaces
 
 S = SandboxState
+DISCARD_SETTLE_S = 5.0
+"""How long a discard waits for its sandbox's supervision to end once cancelled: the
+kill on the way out (SIGTERM, a short grace, SIGKILL) is bounded well within it."""
 
 
 def child_env(allowlist: Iterable[str]) -> dict[str, str]:
     """The only part of our environment a child sees. API keys and tokens stay here."""
     return {k: os.environ[k] for k in allowlist if k in os.environ}
+
+
+_DECIDE = object()
+"""`add`'s default: decide who the sandbox runs as now."""
 
 
 class SandboxManager:
@@ -68,7 +76,19 @@ class SandboxManager:
         self._logs: list[SandboxLog] = []
         self._later: dict[str, asyncio.Task[None]] = {}
 
-    def add(self, plan: SandboxPlan, *, workspace: Path | None = None) -> SupervisedSandbox:
+    async def add_running(self, plan: SandboxPlan) -> SupervisedSandbox:
+        """Add a sandbox while serving (a session's workspace, a subagent run's) and
+        supervise it. Who it runs as is decided in a thread: a first uid takes the
+        machine's lock file and may scan its processes (sandbox/uids.py). Two callers
+        racing for one id get the same sandbox."""
+        run_as = await asyncio.to_thread(self._user_for, plan)
+        if (sb := self.sandboxes.get(plan.sandbox_id)) is not None:
+            return sb
+        sb = self.add(plan, run_as=run_as)
+        self.supervise_later(sb)
+        return sb
+
+    def add(self, plan: SandboxPlan, *, workspace: Path | None = None, run_as: ChildUser | None | object = _DECIDE) -> SupervisedSandbox:
         """Add a plugin's sandbox (not started yet). Plugins added first win contested
         tool names, so the outcome never depends on which child starts faster."""
         log = SandboxLog(self._paths.sandbox_log(plan.sandbox_id))
@@ -88,7 +108,7 @@ class SandboxManager:
             ),
             log=log,
             env=self._env,
-            run_as=self._user_for(plan),
+            run_as=self._user_for(plan) if run_as is _DECIDE else run_as,  # type: ignore[arg-type]
         )
         self.sandboxes[plan.sandbox_id] = sb
         return sb
@@ -131,26 +151,39 @@ class SandboxManager:
         self._later[sb.id] = self._tg.create_task(self._guard(sb), name=f"supervise {sb.id}")
 
     async def discard(self, sb: SupervisedSandbox, reason: str, timeout: float, *, polite: bool = True, remove_files: bool = False) -> None:
-        """Stop a sandbox added at run time (a subagent run's) and forget it: its
-        supervision ends, it leaves `status`, its log file stays (`ended_log`).
+        """Stop a sandbox added at run time (a subagent run's, an idle session
+        workspace) and forget it: its supervision ends, it leaves `status`, its log
+        file is closed and stays (`ended_log`). A stop past `timeout` kills
+        everything it started and is logged, never raised. Returns once nothing of
+        it runs (bounded), so that a new sandbox of the same id may start.
         `remove_files`: its workspace and socket folders go too."""
         try:
             if sb.lc.state is not S.STOPPED:
                 await sb.stop(reason, timeout, polite=polite)
         except TimeoutError:
-            logger.error("{}: did not stop within {:g} s; killing everything it started", sb.id, timeout)
-            if sb.inc is not None:
-                sb.inc.child.kill_all()
+            logger.error("{}: did not stop within {:g} s ({}); killing everything it started", sb.id, timeout, reason)
+            sb.log.event(f"did not stop within {timeout:g} s; killing everything it started")
+            if sb.inc is not None and not sb.inc.died.done():
+                await sb.inc.child.kill_all()
+                try:  # its supervision sees the death and logs how it ended
+                    await sb.wait_state(frozenset({S.STOPPED}), DISCARD_SETTLE_S)
+                except TimeoutError:
+                    pass
         finally:
             task = self._later.pop(sb.id, None)
-            if task is not None:
-                task.cancel()
-            self.registry.reclaim(sb.plan.plugin_id)
-            if self.sandboxes.get(sb.id) is sb:
-                del self.sandboxes[sb.id]
-            if sb.log in self._logs:
-                self._logs.remove(sb.log)
-            sb.log.close()
+            try:
+                if task is not None:
+                    # Leaving its incarnation kills and reaps whatever is left
+                    # (supervisor/incarnation.py), writing to its log on the way.
+                    task.cancel()
+                    await asyncio.wait([task], timeout=DISCARD_SETTLE_S)
+            finally:
+                self.registry.reclaim(sb.plan.plugin_id)
+                if self.sandboxes.get(sb.id) is sb:
+                    del self.sandboxes[sb.id]
+                if sb.log in self._logs:
+                    self._logs.remove(sb.log)
+                sb.log.close()
             if remove_files:
                 for d in (sb.workspace_dir.parent, sb.run_dir):
                     await asyncio.to_thread(shutil.rmtree, d, ignore_errors=True)
@@ -169,14 +202,19 @@ class SandboxManager:
             logger.error("{}: not settled {:g} s after start; it goes on in the background", sb.id, timeout)
 
     async def _guard(self, sb: SupervisedSandbox) -> None:
-        """A bug in one sandbox's supervision must not take the others down."""
-        try:
-            await sb.supervise()
-        except Exception:
-            logger.exception("{}: supervision failed; killing its child, it is no longer supervised", sb.id)
-            if sb.inc is not None:
-                sb.inc.child.kill_all()
-            self.registry.reclaim(sb.plan.plugin_id)
+        """A bug in one sandbox's supervision must not take the others down. The
+        sandbox is then `failed` until an operator's restart, which supervises it
+        afresh."""
+        while True:
+            try:
+                await sb.supervise()
+                return
+            except Exception:
+                # Its child was killed on the way out of its incarnation's block
+                # (supervisor/incarnation.py); what it registered goes too.
+                logger.exception("{}: supervision failed; its child was killed", sb.id)
+                self.registry.reclaim(sb.plan.plugin_id)
+                sb.supervision_failed()
 
     async def stop_all(self, timeout: float) -> None:
         alive = [sb for sb in self.sandboxes.values() if sb.lc.state is not S.STOPPED]
@@ -185,7 +223,7 @@ class SandboxManager:
             if isinstance(r, BaseException):
                 logger.error("{}: did not stop within {:g} s ({}); killing everything it started", sb.id, timeout, type(r).__name__)
                 if sb.inc is not None:
-                    sb.inc.child.kill_all()
+                    await sb.inc.child.kill_all()
 
     async def invoke(
         self,
@@ -215,13 +253,15 @@ class SandboxManager:
                 raise ToolFailed(name, reg.owner, "not_routable", "it acts for a session, so only an agent turn can call it")
             if self.workspaces is None:
                 raise ToolFailed(name, reg.owner, "not_routable", "this core tool has no sandbox to run in")
+            check_arguments(reg, args)
             return await self.workspaces.call(name, args, agent=agent, session=session, sandbox_id=workspace, timeout=timeout, on_output=on_output)
+        check_arguments(reg, args)  # before dispatch: a call that does not fit never reaches its handler
         sb = self.sandboxes[reg.sandbox_id]
         args_json = args if isinstance(args, str) else json.dumps(args)
         return await sb.invoke(name, args_json, timeout)
 
-    def status(self) -> list[dict[str, Any]]:
-        return [sb.status() for sb in self.sandboxes.values()]
+    async def status(self) -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(sb.status() for sb in list(self.sandboxes.values()))))
 
     def plugins(self) -> list[dict[str, Any]]:
         """For `clawsup plugins list/show`: each plugin's ask against its grant, who it
@@ -255,8 +295,8 @@ class SandboxManager:
             })
         return out
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         for log in self._logs:
             log.close()
         for launcher in self._launchers.values():
-            launcher.close()
+            await launcher.aclose()

@@ -438,9 +438,8 @@ class Subagents:
             try:
                 async with asyncio.timeout(run.timeout_s):
                     await self._store.append(run.child_key, {"role": "user", "id": run.run_id, "text": run.task, "ts": time.time(), "agentId": run.agent_id, "spawnedBy": run.parent_key, "label": run.label})
-                    sb = self._manager.add(self._plan(run))
+                    sb = await self._manager.add_running(self._plan(run))
                     sb.services.update(self._services(run))
-                    self._manager.supervise_later(sb)
                     try:
                         state = await sb.start(self.limits.start_timeout_seconds)
                     except TimeoutError:  # the start's own bound, not the run's
@@ -538,7 +537,7 @@ class Subagents:
         """Runs of the supervisor's last life that their sessions never heard of."""
         if self._journal is None:
             return
-        for r in self._journal.unreported():
+        for r in await asyncio.to_thread(self._journal.unreported):
             try:
                 source, reply_to, route = origin_from(r["origin"])
             except (KeyError, TypeError, ValueError) as e:
@@ -548,7 +547,7 @@ class Subagents:
             if text:
                 text += "\n(reported when the gateway started again)"
             else:
-                text = self._lost_text(r)
+                text = await asyncio.to_thread(self._lost_text, r)  # reads the run's whole session file
             logger.warning("subagent run {} ({}) of {} was not reported before the supervisor stopped; reporting it now", r["runId"], r.get("label"), route.session_key)
             await self._tell(source, reply_to, route, text, r["runId"])
 

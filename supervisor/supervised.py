@@ -3,9 +3,10 @@ restart.
 
 Created by the `SandboxManager` for each plugin it loads; its `supervise()` task is
 owned by the manager's task group and lives as long as the supervisor. Each
-incarnation (one child process) owns a task group of its own holding the bring-up,
-the heartbeat and the child's stream; when the child dies the group ends and nothing
-of that incarnation is left running.
+incarnation (one child process) is one `running` block (supervisor/incarnation.py)
+holding a task group of its own: the bring-up, the heartbeat and the child's stream.
+When the child dies the group ends; when the block ends for any reason, the child and
+everything it started are killed, and nothing of that incarnation is left running.
 """
 
 from __future__ import annotations
@@ -14,19 +15,16 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import re
 import secrets
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import grpc
 from loguru import logger
 
-from sandbox.handshake import HandshakeError
+from sandbox.handshake import LOAD_ERROR_EXIT, HandshakeError
 from sandbox.launcher import Child, ChildUser, ExitStatus, LaunchSpec, Launcher, Limits
 from sandbox.handshake import GatePayload
 from sandbox.socket_paths import UnsafeSocket, dial_address, open_child_socket
@@ -41,18 +39,17 @@ from supervisor.errors import (
     ToolFailed,
     ToolTimeout,
 )
-from supervisor.host_client import ExecResult, HostClient, HostMisbehaved
+from supervisor.host_client import CallAborted, ChildStream, ExecResult, HostClient, HostMisbehaved, HostUnreachable
+from supervisor.incarnation import Incarnation, running
 from supervisor.lifecycle import ALIVE, Lifecycle, RestartPolicy, SandboxState, Transition
 from supervisor.paths import child_dir, own_dir, workspace_tmp
 from supervisor.registry import Kind, Registration, Registry
-from supervisor.child_output import ChildOutput
 from supervisor.sandbox_log import SandboxLog
 from supervisor.disk_usage import WorkspaceDisk
 
 S = SandboxState
 SETTLED = frozenset({S.READY, S.CRASHED, S.BACKOFF, S.FAILED})
 DESCRIBE_TIMEOUT_S = 5.0
-SHUTDOWN_RPC_TIMEOUT_S = 0.5
 # The host answers TIMED_OUT itself at the call's timeout; the gRPC deadline leaves it
 # this long to say so before the supervisor stops waiting.
 TIMEOUT_MARGIN_S = 0.25
@@ -60,7 +57,6 @@ OVERRUN_PROBE_TIMEOUT_S = 0.5
 # A transport error can reach a caller a moment before the pidfd says the child
 # exited; this is how long the caller waits for the exit status to name the death.
 DEATH_CONFIRM_S = 2.0
-FAULT_KILL_GRACE_S = 0.5
 # Service requests (a subagent's model and tool calls) one child may have in flight;
 # past this its stream waits, not our memory.
 MAX_SERVICE_REQUESTS = 8
@@ -138,24 +134,19 @@ class ToolResult:
         return json.loads(self.text) if self.is_json else self.text
 
 
-class Incarnation:
-    """One child process of a sandbox, from launch to reaping."""
+class LaunchFailed(Exception):
+    """The launcher could not start the child (it cleaned up after itself)."""
 
-    def __init__(self, number: int, child: Child, log: SandboxLog) -> None:
-        loop = asyncio.get_running_loop()
-        self.number = number
-        self.child = child
-        self.output = ChildOutput(child.stdout_fd, child.stderr_fd, log)
-        self.died: asyncio.Future[ExitStatus] = loop.create_future()
-        self.client: HostClient | None = None
-        self.inflight: set[Any] = set()
-        self.kill_reason: str | None = None
-        self.kill_task: asyncio.Task[None] | None = None
-        self.tg: asyncio.TaskGroup | None = None
-        self.call_ids = itertools.count(1)
-        self.dial_fd: int | None = None
-        """An O_PATH descriptor of the child's socket, checked once and dialled as
-        /proc/self/fd/N ever after (sandbox/socket_paths.py); closed after the client."""
+
+@dataclass(frozen=True)
+class Ended:
+    """How one incarnation ended, and what the supervision loop does next."""
+
+    status: ExitStatus
+    delay: float | None
+    """Seconds until the restart; None: no restart (budget spent, or stopping)."""
+    failed: str | None = None
+    """Set when retrying cannot help (the plugin does not load): go to `failed` now."""
 
 
 class SupervisedSandbox:
@@ -238,10 +229,12 @@ class SupervisedSandbox:
                     return self.lc.state
                 await self._changed.wait()
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
         now = self.lc.clock()
         inc = self.inc if self.lc.state in ALIVE else None
-        container = inc.child.usage() if inc else None
+        # A container's figures come from the engine: sampled off the loop, at most
+        # once a second (the launcher's contract), so a status poll never waits on it.
+        container = await inc.child.usage() if inc else None
         return {
             "id": self.id,
             "plugin": self.plan.plugin_id,
@@ -253,6 +246,7 @@ class SupervisedSandbox:
             "network": self.plan.network or self.plan.backend == "process",
             "memory_limit_bytes": self.plan.limits.memory_bytes,
             "state": self.lc.state.value,
+            "state_why": self.lc.why,
             "pid": inc.child.pid if inc else None,
             "restarts": self.lc.restarts,
             "restarts_left": self.lc.restarts_left(),
@@ -264,6 +258,17 @@ class SupervisedSandbox:
         }
 
     # -- the supervision loop --------------------------------------------------------
+
+    def supervision_failed(self) -> None:
+        """Its supervision ended on a bug (the manager logged it): say `failed`, so
+        that status and callers see it down, until an operator's restart."""
+        why = "its supervision failed (see supervisor.log); `clawsup restart` to try again"
+        if self.lc.state in (S.STARTING, S.READY):
+            self.lc.enter(S.CRASHED, why)
+        if self.lc.state is S.CRASHED:
+            self.lc.enter(S.FAILED, why)
+        elif self.lc.state in (S.DRAINING, S.BACKOFF):
+            self.lc.enter(S.STOPPED, why)
 
     def request_start(self) -> None:
         self._start_wanted.set()
@@ -277,9 +282,15 @@ class SupervisedSandbox:
             self._start_wanted.clear()
             self._stop_wanted = False
             while True:
-                status, delay = await self._run_incarnation()
+                ended = await self._run_incarnation()
+                status, delay = ended.status, ended.delay
                 if self._stop_wanted:
                     self.lc.enter(S.STOPPED, status.reason or "stopped")
+                    break
+                if ended.failed is not None:
+                    # A deterministic error (the plugin does not load): retrying
+                    # would fail the same way. `clawsup restart` tries again.
+                    self.lc.enter(S.FAILED, f"{ended.failed}; fix it, then `clawsup restart {self.id}`")
                     break
                 if delay is None:
                     self.lc.enter(S.FAILED, f"{self.plan.restart.max_restarts} restarts within {self.plan.restart.period_s:g} s; `clawsup restart {self.id}` to try again")
@@ -294,59 +305,61 @@ class SupervisedSandbox:
                     break
                 self.lc.restarts += 1
 
-    async def _run_incarnation(self) -> tuple[ExitStatus, float | None]:
+    async def _run_incarnation(self) -> Ended:
         number = next(self._incarnations)
         self.inc = None
         self.lc.enter(S.STARTING, f"incarnation {number}")
+        self.log.new_incarnation()
         try:
-            child = await self._launch()
-        except Exception as e:  # the launch itself failed: counts as a death
+            async with running(self.id, number, self._launch, self.log, self._timing.stop_grace_s) as inc:
+                self.inc = inc
+                self.log.event(f"started pid {inc.child.pid} (backend {self.plan.backend})")
+                exit_future = inc.child.wait()
+                async with asyncio.TaskGroup() as tg:
+                    inc.tg = tg
+                    life = tg.create_task(self._life(inc), name=f"{self.id}#{number} life")
+                    if self.lc.state is S.DRAINING:  # a stop arrived during the launch
+                        inc.kill(self._stop_reason, polite=False)
+                    raw = await asyncio.shield(exit_future)
+                    life.cancel()
+                    return await self._on_death(inc, raw)
+        except LaunchFailed as failed:  # the launch itself failed: counts as a death
+            e = failed.__cause__ or failed
             status = ExitStatus(reason=f"launch failed: {e}")
             self.log.event(f"could not start the child: {e}")
             # A refusal that explains itself (a planted symlink at a protected path)
             # needs no traceback; anything else is a bug worth one.
             logger.opt(exception=None if isinstance(e, ProtectedPathError) else e).error("{}: could not start the child: {}", self.id, e)
             if self.lc.state is S.DRAINING:
-                return status, None
+                return Ended(status, None)
             delay = self.lc.record_death(status)
             self.lc.enter(S.CRASHED, status.reason)
-            return status, delay
-        inc = Incarnation(number, child, self.log)
-        self.inc = inc
-        self.log.event(f"started pid {child.pid} (backend {self.plan.backend})")
-        inc.output.start()
-        exit_future = child.wait()
-        try:
-            async with asyncio.TaskGroup() as tg:
-                inc.tg = tg
-                life = tg.create_task(self._life(inc), name=f"{self.id}#{number} life")
-                if self.lc.state is S.DRAINING:  # a stop arrived during the launch
-                    self.kill(inc, self._stop_reason, polite=False)
-                raw = await asyncio.shield(exit_future)
-                life.cancel()
-                return self._on_death(inc, raw)
-        finally:
-            inc.output.close()
-            if inc.client is not None:
-                await inc.client.close()
-            if inc.dial_fd is not None:
-                os.close(inc.dial_fd)
-            child.close()
+            return Ended(status, delay)
 
-    def _on_death(self, inc: Incarnation, raw: ExitStatus) -> tuple[ExitStatus, float | None]:
+    async def _on_death(self, inc: Incarnation, raw: ExitStatus) -> Ended:
         """The child has exited. Reclaim first, then tell the callers, then the log:
         the order is what tests/test_faults.py checks."""
         # Descendants may outlive the leader (a fork that called setsid, a grandchild
         # still writing); the group and the cgroup go with it.
-        inc.child.kill_all()
-        reason = "; ".join(r for r in (inc.kill_reason, inc.child.diagnose()) if r)
+        await inc.child.kill_all()
+        load = inc.output.load_error if raw.code == LOAD_ERROR_EXIT and self.lc.state is S.STARTING else None
+        if load is not None:
+            reason = f"could not load: {load.message}{f' (at {load.where})' if load.where else ''}"
+        else:
+            reason = "; ".join(r for r in (inc.kill_reason, await inc.child.diagnose()) if r)
         status = ExitStatus(code=raw.code, signal=raw.signal, reason=reason)
         gone = self._registry.reclaim(self.plan.plugin_id)
         draining = self.lc.state is S.DRAINING
-        delay = None if draining else self.lc.record_death(status)
+        if draining:
+            delay = None
+        elif load is not None:
+            self.lc.last_exit = status  # not a death that counts against the budget
+            delay = None
+        else:
+            delay = self.lc.record_death(status)
         inc.died.set_result(status)
-        for call in tuple(inc.inflight):
-            call.cancel()
+        if inc.client is not None:
+            inc.client.abort_all()
         inc.output.drain()
         tools = f"; withdrew {', '.join(r.name for r in gone)}" if gone else ""
         self.log.event(f"pid {inc.child.pid} {status.describe()}{tools}")
@@ -354,9 +367,9 @@ class SupervisedSandbox:
             logger.info("{}: pid {} {}", self.id, inc.child.pid, status.describe())
         else:
             tail = " | ".join(list(self.log.stderr_tail)[-3:])
-            logger.warning("{}: pid {} {}{}{}", self.id, inc.child.pid, status.describe(), tools, f"; last stderr: {tail}" if tail else "")
+            logger.warning("{}: pid {} {}{}{}", self.id, inc.child.pid, status.describe(), tools, f"; last stderr: {tail}" if tail and load is None else "")
             self.lc.enter(S.CRASHED, status.describe())
-        return status, delay
+        return Ended(status, delay, failed=reason if load is not None else None)
 
     def _died_error(self, status: ExitStatus) -> SandboxDied:
         return SandboxDied(
@@ -376,6 +389,12 @@ class SupervisedSandbox:
         return d
 
     async def _launch(self) -> Child:
+        try:
+            return await self._launch_child()
+        except Exception as e:
+            raise LaunchFailed(str(e)) from e
+
+    async def _launch_child(self) -> Child:
         env = dict(self._env)
         if self._dirs.operator_workspace:
             # The operator's own folder (`clawsup exec run --workspace`): used as is.
@@ -431,7 +450,7 @@ class SupervisedSandbox:
             await self._bring_up_and_serve(inc)
         except Exception as e:
             logger.exception("{}: supervisor error while serving pid {}", self.id, inc.child.pid)
-            self.kill(inc, f"supervisor error: {type(e).__name__}: {e}", polite=False)
+            inc.kill(f"supervisor error: {type(e).__name__}: {e}", polite=False)
 
     async def _bring_up_and_serve(self, inc: Incarnation) -> None:
         t = self._timing
@@ -439,10 +458,10 @@ class SupervisedSandbox:
             async with asyncio.timeout(t.handshake_timeout_s):
                 hs = await inc.output.handshake
         except TimeoutError:
-            self.kill(inc, f"no handshake within {t.handshake_timeout_s:g} s", polite=False)
+            inc.kill(f"no handshake within {t.handshake_timeout_s:g} s", polite=False)
             return
         except HandshakeError as e:
-            self.kill(inc, f"bad handshake: {e}", polite=False)
+            inc.kill(f"bad handshake: {e}", polite=False)
             return
         # Dial the socket we assigned, never an address the child names: plugin code
         # runs before the handshake and may print anything, including another
@@ -456,19 +475,19 @@ class SupervisedSandbox:
         try:
             inc.dial_fd = open_child_socket(inc.child.socket_path)
         except (UnsafeSocket, OSError) as e:
-            self.kill(inc, f"refusing to dial the child's socket: {e}", polite=False)
+            inc.kill(f"refusing to dial the child's socket: {e}", polite=False)
             return
         inc.client = HostClient(dial_address(inc.dial_fd), *self._tokens)
         try:
             if not await inc.client.health(timeout=t.handshake_timeout_s):
-                self.kill(inc, "health check did not say SERVING after the handshake", polite=False)
+                inc.kill("health check did not say SERVING after the handshake", polite=False)
                 return
             desc = await inc.client.describe(DESCRIBE_TIMEOUT_S)
-        except (grpc.aio.AioRpcError, HostMisbehaved) as e:
-            self.kill(inc, f"bring-up failed: {_rpc_text(e)}", polite=False)
+        except (HostUnreachable, HostMisbehaved, CallAborted) as e:
+            inc.kill(f"bring-up failed: {e}", polite=False)
             return
         if desc.plugin_id != self.plan.plugin_id:
-            self.kill(inc, f"host serves plugin {desc.plugin_id!r}, expected {self.plan.plugin_id!r}", polite=False)
+            inc.kill(f"host serves plugin {desc.plugin_id!r}, expected {self.plan.plugin_id!r}", polite=False)
             return
         if self.lc.state is not S.STARTING:
             return  # being stopped meanwhile: the kill is already on its way
@@ -512,6 +531,8 @@ class SupervisedSandbox:
         """Register one described tool; None when accepted, else why not."""
         if not re.fullmatch(TOOL_NAME_PATTERN, spec.name):
             return "not a valid tool name (letters, digits, _ and -, at most 64)"
+        if spec.problem:
+            return spec.problem
         reg = Registration(
             kind=Kind.TOOL,
             name=spec.name,
@@ -534,15 +555,15 @@ class SupervisedSandbox:
             assert inc.client is not None
             try:
                 serving = await inc.client.health(timeout=t.heartbeat_timeout_s)
-            except grpc.aio.AioRpcError:
+            except (HostUnreachable, HostMisbehaved):
                 misses += 1
                 if misses >= t.heartbeat_misses:
-                    self.kill(inc, f"hung: missed {misses} heartbeats ({t.heartbeat_timeout_s:g} s each)", polite=False)
+                    inc.kill(f"hung: missed {misses} heartbeats ({t.heartbeat_timeout_s:g} s each)", polite=False)
                     return
                 continue
             misses = 0
             if not serving:
-                self.kill(inc, "host reported NOT_SERVING (a handler overran its timeout and cannot be interrupted)", polite=False)
+                inc.kill("host reported NOT_SERVING (a handler overran its timeout and cannot be interrupted)", polite=False)
                 return
 
     async def _watch_disk(self, inc: Incarnation) -> None:
@@ -551,8 +572,8 @@ class SupervisedSandbox:
         once, reported as a memory kill is (tests/test_sandbox_walls.py)."""
         while True:
             if (reason := await self._disk.over()) is not None:
-                self.kill(inc, reason, polite=False)
-                inc.child.kill_all()  # no grace: a writer would go on writing
+                inc.kill(reason, polite=False)
+                await inc.child.kill_all()  # no grace: a writer would go on writing
                 return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._timing.heartbeat_interval_s):
@@ -567,69 +588,35 @@ class SupervisedSandbox:
         group, and with it every service call it still had running."""
         assert inc.client is not None
         who = child_requests.Requester(sandbox_id=self.id, plugin_id=self.plan.plugin_id, log=self.log, services=self.services)
-        call = inc.client.connect()
-        writing = asyncio.Lock()  # one write at a time on a gRPC stream
         slots = asyncio.Semaphore(MAX_SERVICE_REQUESTS)
-
-        async def write(reply: Any) -> None:
-            async with writing:
-                await call.write(reply)
+        stream: ChildStream | None = None
 
         async def serve(req: Any) -> None:
+            assert stream is not None
             try:
-                await write(await child_requests.answer_service(who, req))
-            except grpc.aio.AioRpcError:
-                pass  # the stream is gone with the child; the exit watcher says why
+                await stream.reply(await child_requests.answer_service(who, req))
             finally:
                 slots.release()
 
         try:
-            await inc.client.check_stream(call)
+            stream = await inc.client.connect()
             async with asyncio.TaskGroup() as tg:
-                while (msg := await call.read()) is not grpc.aio.EOF:
-                    if not msg.HasField("request"):
-                        continue
-                    if msg.request.method in who.services and msg.request.id:
+                async for req in stream.requests():
+                    if req.method in who.services and req.id:
                         await slots.acquire()
-                        tg.create_task(serve(msg.request), name=f"{self.id} {msg.request.method}")
-                    elif (reply := child_requests.answer(who, msg.request)) is not None:
-                        await write(reply)
-        except* (grpc.aio.AioRpcError, HostMisbehaved) as eg:
+                        tg.create_task(serve(req), name=f"{self.id} {req.method}")
+                    elif (reply := child_requests.answer(who, req)) is not None:
+                        await stream.reply(reply)
+        except* (HostUnreachable, HostMisbehaved, CallAborted) as eg:
             # The stream ends when the child dies; the exit watcher reports that. A
             # stream that fails while the child lives is worth a line.
             if not inc.died.done():
-                self.log.event(f"child stream closed: {_rpc_text(eg.exceptions[0])}")
+                self.log.event(f"child stream closed: {eg.exceptions[0]}")
         finally:
-            call.cancel()
+            if stream is not None:
+                stream.close()
 
     # -- stopping and killing ------------------------------------------------------
-
-    def kill(self, inc: Incarnation, reason: str, *, polite: bool) -> None:
-        """Start the kill escalation for this incarnation, once. The escalation runs
-        as a task of the incarnation's group, so a cancelled caller cannot leave a
-        half-killed child (tests/test_faults.py::test_child_that_ignores_sigterm)."""
-        if inc.kill_reason is None:
-            inc.kill_reason = reason
-        if inc.kill_task is None and not inc.died.done() and inc.tg is not None:
-            self.log.event(f"killing pid {inc.child.pid}: {reason}")
-            inc.kill_task = inc.tg.create_task(self._escalate(inc, polite), name=f"{self.id}#{inc.number} kill")
-
-    async def _escalate(self, inc: Incarnation, polite: bool) -> None:
-        # A child killed for a fault (hung, wedged, bombing) is not going to tidy up;
-        # it gets a short SIGTERM grace, a polite stop the full one.
-        grace = self._timing.stop_grace_s if polite else min(self._timing.stop_grace_s, FAULT_KILL_GRACE_S)
-        exited = inc.child.wait()
-        if polite and inc.client is not None:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await inc.client.shutdown(inc.kill_reason or "", timeout=SHUTDOWN_RPC_TIMEOUT_S)
-            if await _within(exited, grace):
-                return
-            self.log.event(f"still running {grace:g} s after the Shutdown RPC; sending SIGTERM to its process group")
-        inc.child.signal_group(signal.SIGTERM)
-        if await _within(exited, grace):
-            return
-        self.log.event(f"still running {grace:g} s after SIGTERM; sending SIGKILL to everything it started")
-        inc.child.kill_all()
 
     async def stop(self, reason: str, timeout: float, *, polite: bool = True) -> None:
         """Stop this sandbox and keep it stopped: polite Shutdown, then SIGTERM, then
@@ -641,7 +628,7 @@ class SupervisedSandbox:
         if state in (S.STARTING, S.READY):
             self.lc.enter(S.DRAINING, reason)
             if self.inc is not None:  # else the launch in progress sees DRAINING
-                self.kill(self.inc, reason, polite=polite and state is S.READY)
+                self.inc.kill(reason, polite=polite and state is S.READY)
         elif state in (S.BACKOFF, S.FAILED):
             if state is S.FAILED:
                 self.lc.enter(S.STOPPED, reason)
@@ -670,9 +657,8 @@ class SupervisedSandbox:
         inc = self._ready_incarnation()
         assert inc.client is not None
         limit = min(timeout, self.plan.limits.call_timeout_s) if timeout else self.plan.limits.call_timeout_s
-        call = inc.client.invoke(tool, args_json, f"{inc.number}-{next(inc.call_ids)}", limit, TIMEOUT_MARGIN_S)
-        async with self._in_flight(inc, call, tool, limit):
-            outcome = await inc.client.outcome(call)
+        async with self._in_flight(inc, tool, limit):
+            outcome = await inc.client.invoke(tool, args_json, inc.next_call_id(), limit, TIMEOUT_MARGIN_S)
         if outcome.ok:
             return ToolResult(text=outcome.text, is_json=outcome.is_json)
         if outcome.error_kind == "timed_out":
@@ -689,16 +675,17 @@ class SupervisedSandbox:
         raises SandboxDied, like a tool call."""
         inc = self._ready_incarnation()
         assert inc.client is not None
-        call = inc.client.exec(command, workdir, timeout, output_cap, f"{inc.number}-{next(inc.call_ids)}", kill_grace + 2 + TIMEOUT_MARGIN_S)
         result: ExecResult | None = None
-        async with self._in_flight(inc, call, "exec", timeout):
+        async with self._in_flight(inc, "exec", timeout):
+            events = inc.client.exec(command, workdir, timeout, output_cap, inc.next_call_id(), kill_grace + 2 + TIMEOUT_MARGIN_S)
             # Read to the stream's end (the status follows the result at once): a
             # call left open would have to be cancelled, which costs more.
-            async for item in inc.client.exec_events(call, output_cap):
-                if isinstance(item, ExecResult):
-                    result = item
-                elif on_output is not None:
-                    await on_output(item)
+            async with contextlib.aclosing(events):
+                async for item in events:
+                    if isinstance(item, ExecResult):
+                        result = item
+                    elif on_output is not None:
+                        await on_output(item)
         if result is None:
             raise ToolFailed("exec", self.plan.plugin_id, "transport", "the sandbox ended the stream without a result")
         return result
@@ -709,32 +696,23 @@ class SupervisedSandbox:
         on the way raises SandboxDied."""
         inc = self._ready_incarnation()
         assert inc.client is not None
-        call = inc.client.run_agent(run_id, task, max_iterations, timeout)
-        async with self._in_flight(inc, call, "subagent run", timeout):
-            text, error = await inc.client.run_outcome(call)
-        return text, error
+        async with self._in_flight(inc, "subagent run", timeout):
+            return await inc.client.run_agent(run_id, task, max_iterations, timeout)
 
     @contextlib.asynccontextmanager
-    async def _in_flight(self, inc: Incarnation, call: Any, tool: str, limit: float) -> AsyncIterator[None]:
-        """One RPC to the child: tracked so that its death fails it at once, and
-        whatever goes wrong turned into the error the caller should see."""
-        inc.inflight.add(call)
+    async def _in_flight(self, inc: Incarnation, tool: str, limit: float) -> AsyncIterator[None]:
+        """One RPC to the child, whatever goes wrong turned into the error the
+        caller should see. The host client ends every call of a child that died
+        (CallAborted) at once, not at its deadline."""
         try:
             yield
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if inc.died.done() and (task is None or not task.cancelling()):
-                # Cancelled by _on_death, not by our own caller.
-                raise self._died_error(inc.died.result()) from None
-            raise
-        except grpc.aio.AioRpcError as e:
+        except CallAborted:
+            raise self._died_error(await asyncio.shield(inc.died)) from None
+        except HostUnreachable as e:
             raise await self._rpc_failure(inc, tool, limit, e) from None
         except HostMisbehaved as e:
             raise ToolFailed(tool, self.plan.plugin_id, e.kind, str(e)) from None
         finally:
-            if not call.done():
-                call.cancel()
-            inc.inflight.discard(call)
             self._disk_poke.set()
 
     def _ready_incarnation(self) -> Incarnation:
@@ -744,8 +722,8 @@ class SupervisedSandbox:
             raise SandboxUnavailable(self.id, self.plan.plugin_id, self.lc.state.value, detail)
         return inc
 
-    async def _rpc_failure(self, inc: Incarnation, tool: str, limit: float, e: grpc.aio.AioRpcError) -> ClawsupError:
-        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+    async def _rpc_failure(self, inc: Incarnation, tool: str, limit: float, e: HostUnreachable) -> ClawsupError:
+        if e.deadline:
             return await self._overrun(inc, tool, limit)
         # Most likely the child just died and the pidfd has not been read yet.
         try:
@@ -753,7 +731,7 @@ class SupervisedSandbox:
                 status = await asyncio.shield(inc.died)
             return self._died_error(status)
         except TimeoutError:
-            return ToolFailed(tool, self.plan.plugin_id, "transport", f"the sandbox did not answer: {_rpc_text(e)}")
+            return ToolFailed(tool, self.plan.plugin_id, "transport", f"the sandbox did not answer: {e}")
 
     async def _overrun(self, inc: Incarnation, tool: str, limit: float) -> ToolTimeout:
         """A call outlived its timeout. If the host is still healthy (an async handler
@@ -763,25 +741,10 @@ class SupervisedSandbox:
         if not inc.died.done() and inc.kill_reason is None:
             healthy = False
             if inc.client is not None:
-                with contextlib.suppress(grpc.aio.AioRpcError):
+                with contextlib.suppress(HostUnreachable, HostMisbehaved, CallAborted):
                     healthy = await inc.client.health(timeout=OVERRUN_PROBE_TIMEOUT_S)
             if healthy:
                 return ToolTimeout(tool, self.plan.plugin_id, self.id, limit)
-            self.kill(inc, f"tool {tool!r} overran its {limit:g} s timeout and could not be interrupted", polite=False)
+            inc.kill(f"tool {tool!r} overran its {limit:g} s timeout and could not be interrupted", polite=False)
         after = "the sandbox is stopping" if self._stop_wanted else "the sandbox is being restarted"
         return ToolTimeout(tool, self.plan.plugin_id, self.id, limit, f"the handler could not be interrupted, so {after}")
-
-
-async def _within(fut: asyncio.Future[Any], seconds: float) -> bool:
-    try:
-        async with asyncio.timeout(seconds):
-            await asyncio.shield(fut)
-        return True
-    except TimeoutError:
-        return False
-
-
-def _rpc_text(e: BaseException) -> str:
-    if isinstance(e, grpc.aio.AioRpcError):
-        return f"{e.code().name}: {e.details()}"
-    return str(e)

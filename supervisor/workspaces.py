@@ -15,10 +15,13 @@ Created by the gateway (and by `clawsup exec run`); lives as long as the manager
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import hashlib
 import json
 import re
 import signal
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +32,7 @@ from sandbox.backends import backend_problem, first_isolating
 from sandbox.launcher import Limits, MiB
 from sandbox.manifest import format_validation_error
 from supervisor.config import ClawsupConfig
-from supervisor.errors import BadToolArguments, ConfigError, ExecBlocked
+from supervisor.errors import BadToolArguments, ConfigError, ExecBlocked, SandboxUnavailable
 from supervisor.exec_screen import ExecScreen
 from supervisor.plans import restart_policy
 from supervisor.host_client import ExecResult
@@ -38,6 +41,12 @@ from supervisor.registry import CORE_OWNER, Kind, Registration, Registry
 from supervisor.supervised import SETTLED, OutputSink, SandboxPlan, SupervisedSandbox, ToolResult
 
 DEFAULT_AGENT = "main"
+IDLE_STOP_TIMEOUT_S = 10.0
+"""How long the stop of an idle sandbox may take before everything it started is
+killed (manager.discard). An idle host runs no command, so a healthy one is gone in
+well under a second. A wedged one takes the Shutdown RPC's bound and two stop graces
+(`sandbox.stopGraceSeconds`, up to 60 s): past a grace of about 4.7 s, this bound
+ends the wait first (tests/test_workspace_scope.py runs one at 60 s)."""
 
 
 class _Args(BaseModel):
@@ -148,15 +157,52 @@ def _slug(s: str) -> str:
     return f"{safe[:31]}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
 
 
+class _Phase(enum.Enum):
+    SERVING = "serving"
+    DISCARDING = "discarding"
+
+
+@dataclass(slots=True, kw_only=True)
+class _Use:
+    """How calls use one workspace sandbox (see `Workspaces`)."""
+
+    phase: _Phase = _Phase.SERVING
+    calls: int = 0
+    """Calls in flight: a sandbox with one is never idle, however long it runs."""
+    last_call: float
+    """Loop time the last call ended."""
+    idle_stops: bool = False
+    """Reached by the scope rule (a session's own, not a subagent run's pinned
+    one): the idle loop may discard it."""
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a discard is over; calls that arrived meanwhile wait for it."""
+
+
 class Workspaces:
     """Routes core tool calls to the right workspace sandbox, creating and starting
-    it on first use (through the manager, which supervises it like any sandbox)."""
+    it on first use (through the manager, which supervises it like any sandbox).
+
+    Under `scope: "session"` a sandbox nobody called for `idle_stop_s` is discarded:
+    its supervision, log file and status row go, its workspace files stay, and the
+    next call starts a fresh sandbox on them. Each sandbox in use has a `_Use`:
+
+        (none) → serving (a call enters) → discarding (idle: no call in flight) → (none)
+
+    Entering and marking for discard happen without an await in between, so a call
+    either enters first and keeps the old sandbox, or finds it discarding, waits
+    for it to go and starts a new one; no call reaches a half-discarded sandbox
+    (tests/test_workspace_scope.py). Created by the gateway; `discard_idle()` runs
+    in the gateway's task group until `close()`."""
 
     def __init__(self, manager: Any, settings: WorkspaceSettings) -> None:
         self._manager = manager
         self.settings = settings
-        self._starting: dict[str, asyncio.Task[SupervisedSandbox]] = {}
-        self._last_used: dict[str, float] = {}
+        self._uses: dict[str, _Use] = {}
+        self._wake = asyncio.Event()
+        """Set when a call ends while the idle loop has no deadline to wait for."""
+        self._deadline: float | None = None
+        """When the idle loop wakes next (loop time); None: only when woken."""
+        self._closed = False
 
     def plan_for(self, sandbox_id: str) -> SandboxPlan:
         s = self.settings
@@ -186,13 +232,52 @@ class Workspaces:
 
     async def sandbox(self, agent: str | None, session: str | None, start_timeout: float = 30.0, *, pinned: str | None = None) -> SupervisedSandbox:
         """The workspace sandbox of this caller (or the one the supervisor `pinned`),
-        started if need be."""
+        started if need be. Not held: for a caller that runs no call through it
+        (scripts/bench.py); calls go through `using`."""
+        async with self.using(agent, session, start_timeout, pinned=pinned) as sb:
+            return sb
+
+    @contextlib.asynccontextmanager
+    async def using(self, agent: str | None, session: str | None, start_timeout: float = 30.0, *, pinned: str | None = None) -> AsyncIterator[SupervisedSandbox]:
+        """The caller's workspace sandbox, started if need be, held for the block:
+        it is not idle while a call runs in it."""
         sid = self.sandbox_id(agent, session, pinned)
-        self._last_used[sid] = asyncio.get_running_loop().time()
+        use = await self._enter(sid, start_timeout, idle_stops=pinned is None and self.settings.scope == "session")
+        try:
+            yield await self._started(sid, start_timeout)
+        finally:
+            self._leave(sid, use)
+
+    async def _enter(self, sid: str, timeout: float, *, idle_stops: bool) -> _Use:
+        while (use := self._uses.get(sid)) is not None and use.phase is _Phase.DISCARDING:
+            try:
+                async with asyncio.timeout(timeout):
+                    await use.gone.wait()
+            except TimeoutError:
+                raise SandboxUnavailable(sid, sid, "stopping", f"it was idle and its stop has not ended within {timeout:g} s") from None
+        if use is None:
+            use = self._uses[sid] = _Use(last_call=asyncio.get_running_loop().time())
+        use.calls += 1
+        use.idle_stops = use.idle_stops or idle_stops
+        return use
+
+    def _leave(self, sid: str, use: _Use) -> None:
+        use.calls -= 1
+        if use.calls:
+            return
+        use.last_call = asyncio.get_running_loop().time()
+        if not use.idle_stops:
+            if self._uses.get(sid) is use:
+                del self._uses[sid]
+        elif self._deadline is None:
+            # A later call never makes an earlier deadline, so the loop needs waking
+            # only when it waits for none.
+            self._wake.set()
+
+    async def _started(self, sid: str, start_timeout: float) -> SupervisedSandbox:
         sb = self._manager.sandboxes.get(sid)
         if sb is None:
-            sb = self._manager.add(self.plan_for(sid))
-            self._manager.supervise_later(sb)
+            sb = await self._manager.add_running(self.plan_for(sid))
         if sb.lc.state is SandboxState.STOPPED:
             await sb.start(start_timeout)
         elif sb.lc.state is SandboxState.STARTING:
@@ -214,8 +299,8 @@ class Workspaces:
         parsed = _parse_args(tool, args)
         if isinstance(parsed, ExecArgs):
             return await self._exec(parsed, agent=agent, session=session, pinned=sandbox_id, on_output=on_output)
-        sb = await self.sandbox(agent, session, pinned=sandbox_id)
-        return await sb.invoke(name, parsed.model_dump_json(exclude_none=True), timeout)
+        async with self.using(agent, session, pinned=sandbox_id) as sb:
+            return await sb.invoke(name, parsed.model_dump_json(exclude_none=True), timeout)
 
     def screen(self, command: str, sandbox_id: str) -> None:
         verdict = self.settings.screen.check(command)
@@ -232,7 +317,6 @@ class Workspaces:
         if a.timeout is not None and a.timeout > e.max_timeout_s:
             raise BadToolArguments("exec", f"timeout: at most {e.max_timeout_s:g} seconds, got {a.timeout:g}")
         self.screen(a.command, self.sandbox_id(agent, session, pinned))
-        sb = await self.sandbox(agent, session, pinned=pinned)
         chunks: list[bytes] = []
 
         async def sink(data: bytes) -> None:
@@ -240,16 +324,17 @@ class Workspaces:
             if on_output is not None:
                 await on_output(data)
 
-        sb.log.event(f"exec {_short(a.command)}: started")
-        r = await sb.exec(
-            a.command,
-            workdir=a.workdir or "",
-            timeout=a.timeout or e.timeout_s,
-            output_cap=e.max_output_bytes,
-            kill_grace=e.kill_grace_s,
-            on_output=sink,
-        )
-        sb.log.event(f"exec {_short(a.command)}: {_describe(r)}")
+        async with self.using(agent, session, pinned=pinned) as sb:
+            sb.log.event(f"exec {_short(a.command)}: started")
+            r = await sb.exec(
+                a.command,
+                workdir=a.workdir or "",
+                timeout=a.timeout or e.timeout_s,
+                output_cap=e.max_output_bytes,
+                kill_grace=e.kill_grace_s,
+                on_output=sink,
+            )
+            sb.log.event(f"exec {_short(a.command)}: {_describe(r)}")
         if r.error:
             raise BadToolArguments("exec", r.error)
         out = {
@@ -263,17 +348,53 @@ class Workspaces:
         }
         return ToolResult(text=json.dumps(out), is_json=True)
 
-    async def stop_idle(self) -> None:
-        """Per-session sandboxes nobody called for `idle_stop_s` are stopped (their
-        files stay; the next call starts them again)."""
-        if self.settings.scope != "session":
-            return
+    async def discard_idle(self) -> None:
+        """Discards idle sandboxes until `close()`, each in a task of its own (all at
+        once, each bounded), so that one slow stop holds up no other. Sleeps until
+        the first sandbox could be idle, or until a call ends while none could; no
+        polling."""
+        async with asyncio.TaskGroup() as tg:
+            while not self._closed:
+                self._deadline = self._next_idle()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(self._deadline):
+                        await self._wake.wait()
+                if self._closed:
+                    break
+                for sid, use in self._take_idle():
+                    tg.create_task(self._discard(sid, use), name=f"discard idle {sid}")
+
+    def close(self) -> None:
+        """Ends `discard_idle` once the discards under way are over (they are bounded)."""
+        self._closed = True
+        self._wake.set()
+
+    def _next_idle(self) -> float | None:
+        waiting = [u.last_call for u in self._uses.values() if u.idle_stops and u.calls == 0 and u.phase is _Phase.SERVING]
+        return min(waiting) + self.settings.idle_stop_s if waiting else None
+
+    def _take_idle(self) -> list[tuple[str, _Use]]:
+        """The sandboxes with no call for `idle_stop_s`, marked for discard: from here
+        on, a call for one waits for it to go."""
         now = asyncio.get_running_loop().time()
-        for sid, t in list(self._last_used.items()):
+        idle = [(sid, u) for sid, u in self._uses.items() if u.idle_stops and u.calls == 0 and u.phase is _Phase.SERVING and now - u.last_call >= self.settings.idle_stop_s]
+        for _, use in idle:
+            use.phase = _Phase.DISCARDING
+        return idle
+
+    async def _discard(self, sid: str, use: _Use) -> None:
+        try:
             sb = self._manager.sandboxes.get(sid)
-            if sb is not None and now - t > self.settings.idle_stop_s and sb.lc.state is SandboxState.READY:
-                del self._last_used[sid]
-                await sb.stop("idle", 10.0)
+            if sb is not None:
+                await self._manager.discard(sb, f"idle for {self.settings.idle_stop_s:g} s", IDLE_STOP_TIMEOUT_S)
+                logger.info("{}: discarded after {:g} s idle; its workspace files stay for its next call", sid, self.settings.idle_stop_s)
+        except Exception:
+            logger.exception("{}: discarding it after its idle time failed; its next call starts a new one", sid)
+        finally:
+            if self._uses.get(sid) is use:
+                del self._uses[sid]
+            use.gone.set()
 
 
 def _short(command: str) -> str:

@@ -373,12 +373,30 @@ def test_shutdown_with_many_children_leaves_no_orphans(gateway_factory, state_di
     hosts = gw.host_pids()
     assert len(hosts) == 10
     assert gw.call("echo7")["data"]["result"] == "e7"
-    spawned = gw.call("chaos_spawn", {"setsid": True})["data"]["result"]["pid"]
+
+    def innermost_pid(p: psutil.Process) -> int | None:
+        """The pid a process has in its own pid namespace (the last of NSpid)."""
+        try:
+            with open(f"/proc/{p.pid}/status") as f:
+                return next(int(line.split()[-1]) for line in f if line.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            return None
+
+    # The pid the plugin reports is its pid namespace's under bwrap: a small number,
+    # maybe a live host process. The host side finds the grandchild among the chaos
+    # host's children by the pid it has innermost.
+    inner = gw.call("chaos_spawn", {"setsid": True})["data"]["result"]["pid"]
+    [chaos_host] = [pid for pid in hosts if "chaos" in " ".join(psutil.Process(pid).cmdline())]
+    [spawned] = [c.pid for c in psutil.Process(chaos_host).children() if innermost_pid(c) == inner]
+    assert (spawned == inner) == (BACKEND == "process")
+    started = [p.pid for p in psutil.Process(gw.proc.pid).children(recursive=True)]
+    assert {*hosts, spawned} <= set(started)
 
     [warden] = gw.warden_pids()
     gw.proc.send_signal(signal.SIGINT)
     assert gw.proc.wait(30) == 0
-    assert wait_gone(hosts + [spawned, warden]) == []
+    # Everything that ran under the supervisor is gone: hosts, the grandchild, bwrap.
+    assert wait_gone(started + [warden]) == []
     out = "".join(gw.output)
     assert "clawsup supervisor stopped" in out
     assert not (gw.state / "run" / "control.sock").exists()
@@ -390,7 +408,13 @@ def test_stop_while_starting(gateway_factory) -> None:
     gw = gateway_factory(chaos_config(entry, sandbox__handshakeTimeoutSeconds=5))
     gw.wait("chaos", "starting")
     gw.wait_log("chaos", "hanging during registration")
-    pid = gw.status("chaos")["pid"]
+    # A child that hangs now (it restarts every 5 s, and its pid is known once its
+    # launch is done).
+    deadline = time.monotonic() + 20
+    while (st := gw.status("chaos"))["state"] != "starting" or st["pid"] is None:
+        assert time.monotonic() < deadline, st
+        gw.wait("chaos", "starting", timeout=10)
+    pid = st["pid"]
     resp = gw.request(op="restart", sandbox="chaos", timeout=30)
     assert resp["ok"], resp
     assert wait_gone([pid]) == []

@@ -313,8 +313,7 @@ EXEC_DRIVER = textwrap.dedent(
         rss0 = kib("VmRSS")
         chunks, result = [], None
         try:
-            call = client.exec(command, "", 600.0, cap, "1-1", 30.0)
-            async for item in client.exec_events(call, cap):
+            async for item in client.exec(command, "", 600.0, cap, "1-1", 30.0):
                 if isinstance(item, ExecResult):
                     result = item
                 else:

@@ -8,7 +8,6 @@ cuts the supervisor's connections so that it has to dial again."""
 import os
 import socket
 import stat
-import sys
 
 from sandbox.api import hookimpl
 
@@ -53,28 +52,28 @@ def _drop() -> int:
     return n
 
 
-class _PlantBeforeHandshake:
-    """sys.stdout, except that the handshake line is preceded by the swap: the
-    supervisor reads the line only once the name is no longer the socket."""
+def _plant_before_handshake(kind: str, target: str) -> None:
+    """The swap goes just before the handshake line: the supervisor reads the line
+    only once the name is no longer the socket. The host writes that line through its
+    own copy of stdout (a plugin's sys.stdout never sees it), but plugin code shares
+    the host's process, so it wraps the host's function that writes it."""
+    from sandbox.host import server
 
-    def __init__(self, out, kind: str, target: str) -> None:
-        self._out, self._kind, self._target, self._done = out, kind, target, False
+    announce = server._announce
 
-    def write(self, text: str) -> int:
-        if not self._done and "CLAWSUP|" in text:
-            self._done = True
-            self._out.write(f"sockswap: planted {_plant(self._kind, self._target)}\n")
-        return self._out.write(text)
+    def planting(line: str) -> None:
+        if line.startswith("CLAWSUP|"):
+            server.say(f"sockswap: planted {_plant(kind, target)}")
+        announce(line)
 
-    def __getattr__(self, name: str):
-        return getattr(self._out, name)
+    server._announce = planting
 
 
 @hookimpl
 def clawsup_register(api) -> None:
     cfg = api.config
     if cfg.get("plantAtStart"):
-        sys.stdout = _PlantBeforeHandshake(sys.stdout, cfg["plantAtStart"], cfg.get("target", "/nonexistent"))
+        _plant_before_handshake(cfg["plantAtStart"], cfg.get("target", "/nonexistent"))
     api.register_tool(
         name="sockswap_plant", description="Replace host.sock with `kind` (symlink to `target`, fifo, file).",
         handler=lambda args: _plant(args["kind"], args.get("target", "/nonexistent")),
