@@ -2,8 +2,9 @@
 
 One request per connection. The answer is one line, `{"ok": true, "data": ...}` or
 `{"ok": false, "error": {"code": ..., "message": ...}}`; `logs` with `follow` then
-sends one `{"line": ...}` per log line until the client hangs up. Requests are checked
-by pydantic: a bad one gets an error naming the field.
+sends one `{"line": ...}` per log line until the client hangs up, and `{"skipped": n}`
+in place of the n lines a client too slow to take them all missed (they are in the
+log file). Requests are checked by pydantic: a bad one gets an error naming the field.
 
 Created by the gateway; lives until the gateway stops, which closes every connection.
 """
@@ -17,22 +18,28 @@ import os
 import socket
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 
+import psutil
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from sandbox.manifest import format_validation_error
 from sandbox.socket_paths import short_address
+from supervisor.bus import Busy
 from supervisor.errors import ClawsupError
 from supervisor.lifecycle import SandboxState
 from supervisor.channels.cli import CliChannel
 from supervisor.manager import SandboxManager
 from supervisor.routing import Route
-from supervisor.sandbox_log import tail_lines
+from supervisor.sandbox_log import Follower, read_tail, tail_lines
 from supervisor.subagents import Subagents
 
 MAX_REQUEST = 1024 * 1024
+DISCARDED = "the sandbox was discarded; its log ends here"
+"""What `logs -f` of a sandbox that is gone (an idle session's) ends with."""
+# What a log follower is sent per write: a few thousand lines, one drain.
+FOLLOW_BATCH_CHARS = 256 * 1024
 
 
 class _Req(BaseModel):
@@ -45,6 +52,13 @@ class StatusReq(_Req):
 
 class ToolsReq(_Req):
     op: Literal["tools"]
+
+
+class StatsReq(_Req):
+    """The supervisor's own footprint (pid, RSS, open fds, asyncio tasks, sandboxes,
+    open session files): what scripts/soak.py and the bound tests watch for growth."""
+
+    op: Literal["stats"]
 
 
 class PluginsReq(_Req):
@@ -116,25 +130,30 @@ class ChatReq(_Req):
     thread: str | None = None
 
 
-Request = Annotated[StatusReq | ToolsReq | PluginsReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq, Field(discriminator="op")]
+Request = Annotated[StatusReq | StatsReq | ToolsReq | PluginsReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq, Field(discriminator="op")]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
 async def _until_hangup(reader: asyncio.StreamReader, pump: Coroutine[Any, Any, None]) -> None:
-    """Runs `pump` (sending lines to the client) until the client hangs up, or we
-    close. A hang-up, orderly or a reset, is how such a request ends, not an error:
-    a reset once surfaced as an exception group and a traceback in the supervisor's
-    log (tests/test_hostile_output.py, with `clawsup logs -f` killed under load)."""
+    """Runs `pump` (sending lines to the client) until the client hangs up, the
+    pump ends (a followed log closed), or we close. A hang-up, orderly or a reset, is
+    how such a request ends, not an error: a reset once surfaced as an exception
+    group and a traceback in the supervisor's log (tests/test_hostile_output.py,
+    with `clawsup logs -f` killed under load)."""
 
     async def guarded() -> None:
         with contextlib.suppress(ConnectionError):
             await pump
 
-    async with asyncio.TaskGroup() as tg:
-        task = tg.create_task(guarded())
+    async def hangup() -> None:
         with contextlib.suppress(ConnectionError):
             await reader.read(1)
-        task.cancel()
+
+    async with asyncio.TaskGroup() as tg:
+        tasks = {tg.create_task(guarded()), tg.create_task(hangup())}
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
 
 
 class ControlServer:
@@ -218,7 +237,9 @@ class ControlServer:
         match req:
             case StatusReq():
                 runs = self._subagents.tree() if self._subagents else []
-                await _send(writer, {"ok": True, "data": {"sandboxes": m.status(), "runs": runs, "warnings": m.warnings}})
+                await _send(writer, {"ok": True, "data": {"sandboxes": await m.status(), "runs": runs, "warnings": m.warnings}})
+            case StatsReq():
+                await _send(writer, {"ok": True, "data": _stats(m)})
             case PluginsReq():
                 await _send(writer, {"ok": True, "data": {"plugins": m.plugins()}})
             case ToolsReq():
@@ -257,32 +278,36 @@ class ControlServer:
                 await _send(writer, {"ok": True, "data": run})
             case LogsReq(sandbox=sid, n=n, follow=follow):
                 if sid not in m.sandboxes and (ended := m.ended_log(sid)) is not None:
-                    await _send(writer, {"ok": True, "data": {"lines": tail_lines(ended, n)}})
+                    await _send(writer, {"ok": True, "data": {"lines": await asyncio.to_thread(tail_lines, ended, n)}})
+                    if follow:
+                        await _send(writer, {"ended": DISCARDED})
                     return
-                sb = m.get(sid)
-                sb.log.flush()
-                q = sb.log.subscribe() if follow else None
+                log = m.get(sid).log
+                # In one step, with no await between: the past lines end where the
+                # follower's first line begins.
+                written, end = log.open_written()
+                follower = log.follow() if follow else None
                 try:
-                    await _send(writer, {"ok": True, "data": {"lines": tail_lines(sb.log.path, n)}})
-                    if q is None:
-                        return
-
-                    async def forward(q: asyncio.Queue[str]) -> None:
-                        while True:
-                            await _send(writer, {"line": (await q.get()).rstrip("\n")})
-
-                    await _until_hangup(reader, forward(q))
+                    writer.write(await asyncio.to_thread(_past_lines, written, n, end))
+                    await writer.drain()
+                    if follower is not None:
+                        await _until_hangup(reader, _forward_log(writer, follower))
                 finally:
-                    if q is not None:
-                        sb.log.unsubscribe(q)
+                    if follower is not None:
+                        log.unfollow(follower)
             case ChatReq(text=text, peer=peer, agent=agent, thread=thread):
                 if self._chat is None:
                     raise ClawsupError("the cli channel is disabled (channels.cli.enabled)")
-                async for item in self._chat.chat(text, peer=peer, agent=agent, thread=thread):
-                    if isinstance(item, Route):
-                        await _send(writer, {"ack": item.to_json()})
-                    else:
-                        await _send(writer, {"progress" if item.progress else "reply": item.text})
+                try:
+                    async with contextlib.aclosing(self._chat.chat(text, peer=peer, agent=agent, thread=thread)) as items:
+                        async for item in items:
+                            if isinstance(item, Route):
+                                await _send(writer, {"ack": item.to_json()})
+                            else:
+                                await _send(writer, {"progress" if item.progress else "reply": item.text})
+                except Busy as e:  # session_busy or gateway_busy: nothing was kept
+                    await _send(writer, {"ok": False, "error": {"code": e.code, "message": str(e), "retryAfterSeconds": e.retry_after_s}})
+                    return
                 await _send(writer, {"ok": True, "data": {}})
             case WatchReq(peer=peer, thread=thread):
                 if self._chat is None:
@@ -300,6 +325,35 @@ class ControlServer:
                 self._on_stop()
                 # Held open: the client learns the supervisor is gone when we close.
                 await reader.read()
+
+
+def _stats(m: SandboxManager) -> dict[str, Any]:
+    me = psutil.Process()
+    return {
+        "pid": me.pid,
+        "rss_bytes": me.memory_info().rss,
+        "open_fds": me.num_fds(),
+        "tasks": len(asyncio.all_tasks()),
+        "sandboxes": len(m.sandboxes),
+        "threads": me.num_threads(),
+    }
+
+
+def _past_lines(written: BinaryIO, n: int, end: int) -> bytes:
+    """The answer to `logs`, read and encoded in a worker thread: up to 100,000
+    lines (`LogsReq.n`) are megabytes to read and to encode."""
+    with written:
+        lines = read_tail(written, n, end)
+    return json.dumps({"ok": True, "data": {"lines": lines}}).encode() + b"\n"
+
+
+async def _forward_log(writer: asyncio.StreamWriter, follower: Follower) -> None:
+    """A follower's lines to its client, in batches, as fast as its socket takes
+    them: `drain` makes this wait, never the log or the child."""
+    while batch := await follower.take(FOLLOW_BATCH_CHARS):
+        writer.write(b"".join(json.dumps({"line": item.rstrip("\n")} if isinstance(item, str) else {"skipped": item.count}).encode() + b"\n" for item in batch))
+        await writer.drain()
+    await _send(writer, {"ended": DISCARDED})
 
 
 async def _send(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:

@@ -230,9 +230,9 @@ class Gateway:
                 stream.close()
                 return line
         for msg in stream:
-            if text in msg["line"]:
+            if text in msg.get("line", ""):
                 stream.close()
-                return msg["line"]
+                return msg.get("line", "")
         raise AssertionError(f"log of {sandbox} ended without {text!r}")
 
     def log(self, sandbox: str) -> str:

@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import subprocess
+import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
-from supervisor.sandbox_log import LineSplitter, SandboxLog, tail_lines
+from supervisor.child_output import ChildOutput
+from supervisor.sandbox_log import LineSplitter, SandboxLog, Skipped, read_tail, tail_lines
 
 
 def test_splitter_cuts_long_lines_and_keeps_memory_bounded() -> None:
@@ -41,6 +48,8 @@ def test_flood_over_budget_is_dropped_and_counted(tmp_path: Path) -> None:
     text = (tmp_path / "p.log").read_text()
     assert text.count("y" * 100) == 10
     assert "clawsup events are never dropped" in text
+    # With no loop for a timer, the count is written at close at the latest.
+    assert text.rstrip("\n").endswith("[clawsup] dropped 90 line(s): output over 0 KiB/s")
 
 
 def test_stderr_tail_keeps_last_lines(tmp_path: Path) -> None:
@@ -102,3 +111,103 @@ def test_a_plugin_log_message_keeps_its_lines_tagged_and_the_rest_escaped(tmp_pa
         "[plugin] WARNING first\\r2030-01-01T00:00:00.000Z [clawsup] ready",
         "[plugin] WARNING second",
     ]
+
+
+async def test_a_follower_that_falls_behind_gets_each_line_or_a_count_in_its_place(tmp_path: Path) -> None:
+    log = SandboxLog(tmp_path / "p.log", budget_bytes_per_s=10**9)
+    follower = log.follow(max_chars=20_000)
+    got: list[str | Skipped] = []
+    async with asyncio.timeout(10):
+        for i in range(20_000):
+            log.write("stdout", f"line {i:05d}")
+            if i % 2000 == 1999:  # the reader takes a little now and then, never enough
+                got += await follower.take(5_000)
+        while sum(1 if isinstance(item, str) else item.count for item in got) < 20_000:
+            got += await follower.take(5_000)
+        log.write("stdout", "and one more")
+        got += await follower.take(5_000)
+    log.close()
+    written = (tmp_path / "p.log").read_text().splitlines(keepends=True)
+    assert len(written) == 20_001
+    # Walk the file with what the follower got: each line is there in its place, or
+    # counted by the Skipped that stands where it was.
+    at = 0
+    for item in got:
+        if isinstance(item, str):
+            assert item == written[at]
+            at += 1
+        else:
+            assert item.count > 0
+            at += item.count
+    assert at == len(written)
+    skips = [item for item in got if isinstance(item, Skipped)]
+    assert len(skips) >= 5, "it fell behind, several times"
+    assert got[-1].endswith(" [stdout] and one more\n"), "having caught up, it gets the live lines"
+
+
+async def test_a_floods_count_is_written_when_its_second_is_over_with_no_line_after_it(tmp_path: Path) -> None:
+    log = SandboxLog(tmp_path / "p.log", budget_bytes_per_s=1000)
+    for _ in range(100):
+        log.write("stdout", "y" * 100)
+    flood_end = time.time()
+    follower = log.follow()
+    async with asyncio.timeout(3):
+        [note] = await follower.take(10**6)
+    log.close()
+    assert note.endswith(" [clawsup] dropped 90 line(s): output over 0 KiB/s\n")
+    assert datetime.fromisoformat(note.split(" ")[0].replace("Z", "+00:00")).timestamp() - flood_end < 1.2
+    # On disk once written: a reader of the file need not wait for the next line.
+    assert (tmp_path / "p.log").read_text().endswith(note)
+
+
+async def test_a_new_incarnation_gets_the_whole_budget(tmp_path: Path) -> None:
+    """Two real children, one after the other, through the same log as the
+    supervisor reads them and starts them (SupervisedSandbox._run_incarnation calls
+    new_incarnation): the first floods past the budget and exits, the second prints
+    one long line at once, still inside the first one's second."""
+    log = SandboxLog(tmp_path / "p.log", budget_bytes_per_s=256 * 1024)
+    started = time.monotonic()
+    for code in ("import os\nfor _ in range(64): os.write(1, (b'f' * 99 + b'\\n') * 160)", "print('long ' + 'L' * 12000 + ' end')"):
+        log.new_incarnation()
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert child.stdout is not None and child.stderr is not None
+        for f in (child.stdout, child.stderr):
+            os.set_blocking(f.fileno(), False)
+        output = ChildOutput(child.stdout.fileno(), child.stderr.fileno(), log)
+        output.start()
+        await asyncio.to_thread(child.wait)
+        output.drain()
+        output.close()
+        child.stdout.close()
+        child.stderr.close()
+    assert time.monotonic() - started < 1.0, "both children ran within one second of budget, or this proves nothing"
+    log.close()
+    text = (tmp_path / "p.log").read_text()
+    assert "dropped" in text, "the first child went past the budget"
+    assert re.search(r"\[stdout\] long L{12000} end\n$", text), text[-300:]
+
+
+def test_what_was_written_is_read_as_of_then_across_a_rotation(tmp_path: Path) -> None:
+    log = SandboxLog(tmp_path / "p.log", rotate_bytes=4000, budget_bytes_per_s=10**9)
+    for i in range(20):
+        log.write("stdout", f"before {i}")
+    written, end = log.open_written()
+    for i in range(200):  # rotates the file away several times
+        log.write("stdout", f"after {i} " + "." * 40)
+    log.close()
+    assert not (tmp_path / "p.log").read_text().count("before")
+    with written:
+        tail = read_tail(written, 3, end)
+    assert [line.split(" ", 2)[2] for line in tail] == ["before 17", "before 18", "before 19"]
+
+
+async def test_closing_a_log_ends_its_followers_after_what_they_had(tmp_path: Path) -> None:
+    """A discarded sandbox's log closes: a `logs -f` of it gets what was written, then
+    an end, instead of waiting for lines that will never come."""
+    log = SandboxLog(tmp_path / "s.log")
+    follower = log.follow()
+    log.event("last words")
+    log.close()
+    first = await asyncio.wait_for(follower.take(1 << 20), 1)
+    assert len(first) == 1 and isinstance(first[0], str) and "last words" in first[0]
+    assert await asyncio.wait_for(follower.take(1 << 20), 1) == []
