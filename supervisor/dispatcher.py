@@ -1,15 +1,25 @@
 """From the inbound queue to replies: route each message, put it in its session, run
 the session's turns one at a time, and send each answer back where it came from.
 
-Each session key has a lane: messages are written to the session (and acknowledged)
-in arrival order as they come, and its turns run strictly in that order, one at a
-time; different sessions' lanes run concurrently. There is no global lock: a slow
-turn holds only its own session. `/stop` is handled as it arrives, not queued: it
-cancels that session's turn in flight (and, through cancellation, whatever the turn
-started) and nothing else.
+Each session key with work has a lane: messages are written to the session (and
+acknowledged) in arrival order as they come, and its turns run strictly in that
+order, one at a time; different sessions' lanes run concurrently. There is no global
+lock: a slow turn holds only its own session. `/stop` is handled as it arrives, not
+queued: it cancels that session's turn in flight (and, through cancellation, whatever
+the turn started) and nothing else.
 
-Created by the gateway; `run()` owns a task group with the inbound and outbound
-pumps and one task per live lane.
+Bounds, each held where a message first arrives (the pump, in one synchronous step,
+so that no burst can slip past between loop ticks):
+- a session holds the message at its turn and at most `bus.sessionQueue` waiting
+  behind it; one more is refused with `SessionBusy` before anything of it is written
+  (tests/test_messaging.py::test_a_busy_session_refuses_past_its_bound_with_429);
+- the gateway holds at most `bus.inboundCapacity` messages (see supervisor/bus.py);
+- a lane lives only while its session has work: when its last turn ends its tasks
+  end and it is forgotten, so idle sessions cost nothing
+  (tests/test_session_bounds.py).
+
+Created by the gateway; `run()` owns a task group with the inbound and `/stop`
+pumps, the outbound pump, and one task per session with work.
 """
 
 from __future__ import annotations
@@ -22,18 +32,13 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from supervisor.bus import InboundMessage, MessageBus, OutboundMessage
+from supervisor.bus import STOP_COMMAND, InboundMessage, MessageBus, OutboundMessage, SessionBusy
 from supervisor.errors import ClawsupError
 from supervisor.providers.offline import sleep_turn
 from supervisor.routing import Route, Router
 from supervisor.session_store import SessionStore
 
-STOP_COMMAND = "/stop"
-LANE_IDLE_S = 300.0
-
-
-class SessionBusy(ClawsupError):
-    code = "session_busy"
+__all__ = ["STOP_COMMAND", "Agent", "Answer", "Dispatcher", "PlaceholderAgent", "Progress", "SessionBusy"]
 
 
 Progress = Callable[[str], Awaitable[None]]
@@ -73,13 +78,25 @@ class PlaceholderAgent:
         return 0
 
 
+Item = tuple[InboundMessage, Route]
+
+
 @dataclass
 class _Lane:
+    """One session's work: made by the pump for the first message of a session with
+    none, owned by the dispatcher's task group, ended when `held` drops to 0."""
+
     key: str
-    queue: asyncio.Queue[tuple[InboundMessage, Route]]
+    unwritten: asyncio.Queue[Item | None] = field(default_factory=asyncio.Queue)
+    """Routed here, not yet in the session file."""
+    written: asyncio.Queue[Item | None] = field(default_factory=asyncio.Queue)
+    """In the session (acknowledged), waiting for their turn."""
+    held: int = 0
+    """Messages given to this lane whose turn has not ended: what is in the two
+    queues plus the one at its turn. The bound is checked against this count."""
     task: asyncio.Task[None] | None = None
     closing: bool = False
-    """Set (synchronously) when the lane decides to end, idle: a message arriving
+    """Set (synchronously) when the lane's last message is done: a message arriving
     after that opens a new lane rather than land in a queue nobody reads."""
     turn: asyncio.Task[str | Answer] | None = None
     turn_of: InboundMessage | None = None
@@ -110,39 +127,89 @@ class Dispatcher:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             tg.create_task(self._inbound(), name="bus inbound")
+            tg.create_task(self._stops(), name="bus stops")
             tg.create_task(self._outbound(), name="bus outbound")
             if self.store.fsync == "interval":
                 tg.create_task(self.store.flush_periodically(), name="session fsync")
+
+    def lanes(self) -> int:
+        """Sessions with work right now (for stats and tests)."""
+        return len(self._lanes)
 
     # -- inbound ---------------------------------------------------------------
 
     async def _inbound(self) -> None:
         while True:
             msg = await self.bus.inbound.get()
-            try:
-                route = msg.route or self.router.resolve(msg.source, agent_override=msg.agent_override)
-            except Exception as e:  # a router bug must cost this message only
-                logger.exception("routing failed for {}", msg.id)
-                _fail(msg, ClawsupError(f"routing failed: {e}"))
+            if msg.is_stop():  # put on the queue directly rather than submitted
+                route = self._route(msg)
+                if route is not None:
+                    await self._stop(msg, route)
                 continue
-            if msg.role == "user" and msg.text.strip() == STOP_COMMAND:
+            self._admit(msg)
+
+    async def _stops(self) -> None:
+        """`/stop` has its own way in, so that neither a full gateway nor a long
+        inbound queue holds it back."""
+        while True:
+            msg = await self.bus.stops.get()
+            route = self._route(msg)
+            if route is not None:
                 await self._stop(msg, route)
-                continue
-            lane = self._lane(route.session_key)
-            try:
-                lane.queue.put_nowait((msg, route))
-            except asyncio.QueueFull:
-                # Backpressure for this session alone: the others go on.
-                _fail(msg, SessionBusy(f"session {route.session_key} has {lane.queue.qsize()} messages waiting; try again shortly"))
+
+    def _route(self, msg: InboundMessage) -> Route | None:
+        try:
+            return msg.route or self.router.resolve(msg.source, agent_override=msg.agent_override)
+        except Exception as e:  # a router bug must cost this message only
+            logger.exception("routing failed for {}", msg.id)
+            self._refuse(msg, ClawsupError(f"routing failed: {e}"))
+            return None
+
+    def _admit(self, msg: InboundMessage) -> None:
+        """Give the message to its session's lane, or refuse it now. Synchronous on
+        purpose: the count checked is the count updated, whatever arrives next."""
+        route = self._route(msg)
+        if route is None:
+            return
+        lane = self._lane(route.session_key)
+        # The gateway's own messages (a subagent's report, `route` set) are bounded
+        # by the subagent limits and must reach the session: they are not refused.
+        if msg.route is None and lane.held > self._session_queue:
+            self._refuse(
+                msg,
+                SessionBusy(
+                    f"session {route.session_key} is busy: a turn is running and {lane.held - 1} message{'s are' if lane.held != 2 else ' is'} "
+                    f"waiting behind it (bus.sessionQueue is {self._session_queue}); this one was not kept, try again shortly"
+                ),
+            )
+            return
+        lane.held += 1
+        lane.unwritten.put_nowait((msg, route))
 
     def _lane(self, key: str) -> _Lane:
         lane = self._lanes.get(key)
         if lane is None or lane.closing or lane.task is None or lane.task.done():
-            lane = _Lane(key, asyncio.Queue(self._session_queue))
+            lane = _Lane(key)
             assert self._tg is not None
             lane.task = self._tg.create_task(self._guard_lane(lane), name=f"session {key}")
             self._lanes[key] = lane
         return lane
+
+    def _refuse(self, msg: InboundMessage, e: Exception) -> None:
+        self.bus.release(msg)
+        _fail(msg, e)
+
+    def _done(self, lane: _Lane, msg: InboundMessage) -> None:
+        """One of the lane's messages is finished with (answered or refused); the
+        last one ends the lane."""
+        self.bus.release(msg)
+        lane.held -= 1
+        if lane.held == 0 and not lane.closing:
+            lane.closing = True
+            lane.unwritten.put_nowait(None)
+            lane.written.put_nowait(None)
+            if self._lanes.get(lane.key) is lane:
+                del self._lanes[lane.key]
 
     async def _guard_lane(self, lane: _Lane) -> None:
         """A bug in one session's lane must cost that session only."""
@@ -151,48 +218,40 @@ class Dispatcher:
         except Exception:
             logger.exception("{}: session lane failed; its waiting messages are refused", lane.key)
             lane.closing = True
-            while not lane.queue.empty():
-                msg, _ = lane.queue.get_nowait()
-                _fail(msg, ClawsupError("the session failed; see the supervisor log"))
+            for q in (lane.unwritten, lane.written):
+                while not q.empty():
+                    item = q.get_nowait()
+                    if item is not None:
+                        self._refuse(item[0], ClawsupError("the session failed; see the supervisor log"))
             if self._lanes.get(lane.key) is lane:
                 del self._lanes[lane.key]
 
     async def _run_lane(self, lane: _Lane) -> None:
-        """Write each message to the session as it comes (acknowledging it), and run
-        the turns one at a time, in order. The lane ends when it has been idle for
-        LANE_IDLE_S; the next message for its key opens a new one."""
-        pending: asyncio.Queue[tuple[InboundMessage, Route] | None] = asyncio.Queue()
+        """Write each message to the session as it comes (acknowledging it) while the
+        turns run one at a time, in order, in this task. Ends when the lane has
+        nothing left (see `_done`)."""
 
-        async def accept() -> None:
-            while True:
-                try:
-                    async with asyncio.timeout(LANE_IDLE_S):
-                        msg, route = await lane.queue.get()
-                except TimeoutError:
-                    if pending.empty() and lane.turn is None and lane.queue.empty():
-                        lane.closing = True
-                        pending.put_nowait(None)
-                        return
-                    continue
+        async def write() -> None:
+            while (item := await lane.unwritten.get()) is not None:
+                msg, route = item
                 try:
                     await self.store.append(route.session_key, _record(msg.role, msg, route))
                 except OSError as e:
                     logger.error("{}: cannot write the session: {}", route.session_key, e)
                     _fail(msg, ClawsupError(f"the message could not be stored: {e}"))
+                    self._done(lane, msg)
                     continue
                 if not msg.accepted.done():
                     msg.accepted.set_result(route)
-                pending.put_nowait((msg, route))
-
-        async def run_turns() -> None:
-            while (item := await pending.get()) is not None:
-                await self._turn(lane, *item)
+                lane.written.put_nowait(item)
 
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(accept(), name=f"session {lane.key} accept")
-            tg.create_task(run_turns(), name=f"session {lane.key} turns")
-        if self._lanes.get(lane.key) is lane:
-            del self._lanes[lane.key]
+            tg.create_task(write(), name=f"session {lane.key} write")
+            while (item := await lane.written.get()) is not None:
+                try:
+                    await self._turn(lane, *item)
+                finally:
+                    self._done(lane, item[0])
 
     async def _turn(self, lane: _Lane, msg: InboundMessage, route: Route) -> None:
         async def progress(text: str) -> None:

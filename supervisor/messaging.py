@@ -41,7 +41,8 @@ class Messaging:
         """`agent` makes the agent that runs turns, given the session store (the
         gateway's is the agent loop); by default the placeholder."""
         bus = MessageBus(cfg.bus.inbound_capacity, cfg.bus.outbound_capacity)
-        store = SessionStore(paths.sessions, fsync=cfg.session_store.fsync, interval_s=cfg.session_store.fsync_interval_ms / 1000)
+        s = cfg.session_store
+        store = SessionStore(paths.sessions, fsync=s.fsync, interval_s=s.fsync_interval_ms / 1000, max_open=s.max_open_files)
         os.chmod(paths.sessions, 0o700)
         channels: dict[str, Any] = {}
         if cfg.channels.cli.enabled:

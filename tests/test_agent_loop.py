@@ -14,6 +14,7 @@ import pytest
 from supervisor.session_store import file_name, read_session
 from tests.conftest import PLUGINS, Gateway, make_config
 from tests.helpers.model_stubs import Stub
+from tests.test_messaging import TOKEN, say
 
 
 def agent_config(model: str = "offline", **overrides: Any) -> dict[str, Any]:
@@ -208,3 +209,86 @@ def test_reading_the_same_file_again_and_again_is_a_loop(gateway_factory: Any) -
         gw = gateway_factory(anthropic_cfg(stub), env={"ANTHROPIC_API_KEY": "sk-test"})
         assert reply(chat(gw, "read it")).startswith("stopped: the same tool call kept repeating")
         assert len(stub.requests) == 6
+
+
+def with_http(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The http channel on too: a message over it costs no CLI process (these tests
+    send many)."""
+    cfg["channels"] = {"http": {"enabled": True, "port": 0, "token": TOKEN}}
+    return cfg
+
+
+def ask(gw: Gateway, text: str) -> str:
+    """Send over http (dmScope main: the same session as the cli's); the reply."""
+    return [data["text"] for event, data in say(gw, "tester", text) if event == "reply"][-1]
+
+
+def texts_seen(request: dict[str, Any]) -> list[str]:
+    """The text blocks of one Messages API request, in order."""
+    return [b["text"] for m in request["messages"] for b in m["content"] if b.get("type") == "text"]
+
+
+def test_history_is_read_from_the_file_once_then_kept_in_memory(gateway_factory: Any) -> None:
+    def script(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        return [{"text": f"answer {n}"}]
+
+    with Stub(script) as stub:
+        cfg = with_http(anthropic_cfg(stub))
+        env = {"ANTHROPIC_API_KEY": "sk-test"}
+        gw = gateway_factory(cfg, env=env)
+        assert ask(gw, "one") == "answer 1"
+        assert ask(gw, "two") == "answer 2"
+        assert texts_seen(stub.requests[1]) == ["one", "answer 1", "two"]
+        # Written behind the gateway's back: a running session does not read its
+        # file again, so its next turn does not see this...
+        with open(gw.state / "sessions" / file_name("agent:main:main"), "a") as f:
+            f.write(json.dumps({"role": "user", "id": "m-behind-its-back", "text": "written behind its back"}) + "\n")
+        assert ask(gw, "three") == "answer 3"
+        assert texts_seen(stub.requests[2]) == ["one", "answer 1", "two", "answer 2", "three"]
+        # ... and a fresh supervisor reads the file on the session's first turn.
+        gw.stop()
+        gw = gateway_factory(cfg, env=env)
+        assert ask(gw, "four") == "answer 4"
+        assert texts_seen(stub.requests[3]) == ["one", "answer 1", "two", "answer 2", "written behind its back", "three", "answer 3", "four"]
+
+
+def test_history_is_bounded_in_bytes(gateway_factory: Any) -> None:
+    def script(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        return [{"text": f"answer {n}"}]
+
+    with Stub(script) as stub:
+        cfg = with_http(anthropic_cfg(stub))
+        cfg["agentLoop"]["historyBytes"] = 4096
+        gw = gateway_factory(cfg, env={"ANTHROPIC_API_KEY": "sk-test"})
+        long = ["x" * 1500 + f" #{k}" for k in range(1, 5)]
+        for text in long:
+            ask(gw, text)
+        # Each message is ~1.5 KB: the fourth turn's window holds what fits in 4 KiB,
+        # from the end (the oldest dropped first), well inside historyMessages.
+        seen = texts_seen(stub.requests[3])
+        assert seen == ["answer 2", long[2], "answer 3", long[3]]
+        assert sum(len(t) for t in seen) <= 4096
+        # The session file keeps everything.
+        assert [r["text"] for r in records(gw) if r["role"] == "user"] == long
+
+
+def test_a_session_file_torn_by_a_crash_is_read_around(gateway_factory: Any, state_dir: Path) -> None:
+    def script(body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        return [{"text": f"answer {n}"}]
+
+    sessions = state_dir / "sessions"
+    sessions.mkdir(mode=0o700)
+    (sessions / file_name("agent:main:main")).write_bytes(
+        b'{"role":"user","id":"m-1","text":"before the crash"}\n'
+        b'{"role":"assistant","text":"noted","inReplyTo":"m-1"}\n'
+        b'{"role":"user","id":"m-2","te\x00garbage\n'  # torn mid-file
+        b'{"role":"user","id":"m-3","text":"also before"}\n'
+        b'{"role":"assistant","text":"half an ans'  # torn at the end
+    )
+    with Stub(script) as stub:
+        gw = gateway_factory(with_http(anthropic_cfg(stub)), env={"ANTHROPIC_API_KEY": "sk-test"})
+        assert ask(gw, "after the crash") == "answer 1"
+        assert texts_seen(stub.requests[0]) == ["before the crash", "noted", "also before", "after the crash"]
+        assert "is not a whole record (a torn write?); skipped" in gw.supervisor_log()
+        assert "its last line was torn" in gw.supervisor_log()
+        assert ask(gw, "and again") == "answer 2"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -276,3 +275,122 @@ def test_stopping_the_gateway_ends_open_conversations_at_once(gw: Gateway) -> No
     assert events[-1][0] == "error" and "shutting down" in events[-1][1]["message"]
     # What was acknowledged is in the session even though its turn never finished.
     assert [r["text"] for r in session(gw, "agent:main:http:direct:late")] == ["/sleep 60"]
+
+
+def test_a_busy_session_refuses_past_its_bound_with_429(gateway_factory: Any) -> None:
+    """50 clients post at once to a session whose turn is running: exactly
+    `bus.sessionQueue` are taken, every other one gets 429 with Retry-After, and
+    none of those is written to the session. The cli gets `session_busy`, and
+    `/stop` still gets through."""
+    cfg = messaging_config()
+    cfg["session"] = {"dmScope": "main"}  # every direct message, http or cli, in one session
+    cfg["bus"] = {"sessionQueue": 5}
+    gw = gateway_factory(cfg)
+    holder: list[tuple[str, dict[str, Any]]] = []
+    working = threading.Event()
+
+    def hold() -> None:
+        for event, data in post(gw, {"text": "/sleep 60", "peer": {"kind": "direct", "id": "holder"}}):
+            holder.append((event, data))
+            if event == "progress":
+                working.set()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert working.wait(10)
+
+    n = 50
+    lock = threading.Lock()
+    acked: list[str] = []
+    replied: list[str] = []
+    refused: list[tuple[int, str | None, dict[str, Any]]] = []
+    decided = threading.Semaphore(0)
+    barrier = threading.Barrier(n)
+
+    def client(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", http_port(gw), timeout=60)
+        conn.connect()
+        body = json.dumps({"text": f"burst {i}", "peer": {"kind": "direct", "id": f"client{i}"}})
+        barrier.wait(10)
+        try:
+            conn.request("POST", "/v1/messages", body, {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                with lock:
+                    refused.append((resp.status, resp.getheader("Retry-After"), json.loads(resp.read())))
+                decided.release()
+                return
+            for event, data in read_events(resp):
+                if event == "ack":
+                    with lock:
+                        acked.append(f"burst {i}")
+                    decided.release()
+                elif event == "reply":
+                    with lock:
+                        replied.append(data["text"])
+        finally:
+            conn.close()
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for c in clients:
+        c.start()
+    for _ in range(n):
+        assert decided.acquire(timeout=30), f"only {len(acked) + len(refused)} of {n} posts were answered"
+    assert len(acked) == 5 and len(refused) == n - 5
+    for status, retry_after, body in refused:
+        assert status == 429 and retry_after is not None and int(retry_after) >= 1
+        assert body["code"] == "session_busy" and body["retryAfterSeconds"] == int(retry_after)
+        assert "agent:main:main is busy" in body["error"] and "try again" in body["error"]
+
+    # The operator's channel, same session: a plain message and a non-zero exit.
+    r = gw.cli("chat", "--peer", "ops", "-m", "from the cli")
+    assert r.returncode != 0
+    assert "agent:main:main is busy" in r.stderr and "try again" in r.stderr, r.stderr
+    r = gw.cli("chat", "--peer", "ops", "-m", "from the cli", "--json")
+    assert r.returncode != 0 and json.loads(r.stdout.splitlines()[-1])["error"]["code"] == "session_busy"
+
+    # /stop gets through the full session; then the five waiting ones are answered.
+    assert say(gw, "holder", "/stop")[-1][1]["text"] == "stopping the turn in flight."
+    t.join(10)
+    assert holder[-1] == ("reply", holder[-1][1]) and holder[-1][1]["text"] == "stopped."
+    for c in clients:
+        c.join(30)
+    assert sorted(first_line(x).rsplit(": ", 1)[1] for x in replied) == sorted(acked)
+    users = [r["text"] for r in session(gw, "agent:main:main") if r["role"] == "user"]
+    assert users[0] == "/sleep 60" and sorted(users[1:]) == sorted(acked)  # no refused one was written
+    assert "from the cli" not in users
+
+
+def test_a_full_gateway_refuses_with_429_and_stop_still_gets_through(gateway_factory: Any) -> None:
+    cfg = messaging_config()
+    cfg["bus"] = {"inboundCapacity": 2}
+    gw = gateway_factory(cfg)
+    working = {p: threading.Event() for p in ("a", "b")}
+    ends: dict[str, str] = {}
+
+    def hold(peer: str) -> None:
+        for event, data in post(gw, {"text": "/sleep 60", "peer": {"kind": "direct", "id": peer}}):
+            if event == "progress":
+                working[peer].set()
+            elif event == "reply":
+                ends[peer] = data["text"]
+
+    threads = [threading.Thread(target=hold, args=(p,)) for p in working]
+    for th in threads:
+        th.start()
+    assert all(w.wait(10) for w in working.values())
+    # A third session, on either channel: refused at once, not left waiting.
+    t0 = time.monotonic()
+    [(kind, data)] = say(gw, "c", "let me in")
+    assert kind == "http" and data["status"] == 429 and data["code"] == "gateway_busy"
+    assert "bus.inboundCapacity is 2" in data["error"] and time.monotonic() - t0 < 5
+    r = gw.cli("chat", "--peer", "ops", "-m", "me too")
+    assert r.returncode != 0 and "the gateway is busy" in r.stderr
+    # /stop is never refused, full or not.
+    assert say(gw, "a", "/stop")[-1][1]["text"] == "stopping the turn in flight."
+    threads[0].join(10)
+    assert ends["a"] == "stopped."
+    assert first_line(say(gw, "c", "let me in")[-1][1]["text"]).endswith("let me in")
+    assert [r["text"] for r in session(gw, "agent:main:http:direct:c") if r["role"] == "user"] == ["let me in"]
+    assert say(gw, "b", "/stop")[-1][1]["text"] == "stopping the turn in flight."
+    threads[1].join(10)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Protocol
+
+from loguru import logger
 
 from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
 from supervisor.errors import ClawsupError
@@ -33,6 +35,9 @@ class Channel(Protocol):
 
 
 SHUTTING_DOWN = "the gateway is shutting down; the message is in its session, but its turn did not finish"
+WATCH_BACKLOG = 100
+"""Replies a `watch` stream may have waiting (its client reads too slowly); past it
+the oldest is dropped, with a warning: they are in the session anyway."""
 
 
 class Conversations:
@@ -58,7 +63,7 @@ class Conversations:
             q.put_nowait(out)
         elif not out.progress:
             for w in self._watchers.get(who(out.target), ()):
-                w.put_nowait(out)
+                _put_dropping_oldest(w, out)
 
     @contextlib.contextmanager
     def watching(self, key: str) -> Iterator[asyncio.Queue[OutboundMessage | None]]:
@@ -66,24 +71,30 @@ class Conversations:
         queue while inside; None when the channel closes."""
         if self._closed:
             raise ClawsupError(self._closed)
-        q: asyncio.Queue[OutboundMessage | None] = asyncio.Queue()
+        q: asyncio.Queue[OutboundMessage | None] = asyncio.Queue(WATCH_BACKLOG)
         self._watchers.setdefault(key, set()).add(q)
         try:
             yield q
         finally:
-            self._watchers[key].discard(q)
+            # Forget the key with its last watcher: users come and go, the dict must not grow.
+            left = self._watchers.get(key)
+            if left is not None:
+                left.discard(q)
+                if not left:
+                    del self._watchers[key]
 
-    async def exchange(self, msg: InboundMessage) -> AsyncIterator[Route | OutboundMessage]:
-        """Put `msg` on the bus (waiting while it is full), yield its route once it is
-        in its session (the acknowledgement), then its progress notes and replies up
-        to the final one. Raises the refusal if it was not accepted."""
+    async def exchange(self, msg: InboundMessage) -> AsyncGenerator[Route | OutboundMessage, None]:
+        """Hand `msg` to the bus, yield its route once it is in its session (the
+        acknowledgement), then its progress notes and replies up to the final one.
+        Raises the refusal if it was not accepted: `Busy` (never waited for) when the
+        gateway or the session is full, before anything of it was kept."""
         if self._closed:
             raise ClawsupError(self._closed)
         q: asyncio.Queue[OutboundMessage | None] = asyncio.Queue()
         conv = msg.reply_to.conversation
         self._open[conv] = q
         try:
-            await self.bus.inbound.put(msg)
+            await self.bus.submit(msg)
             yield await msg.accepted
             while True:
                 out = await q.get()
@@ -100,7 +111,15 @@ class Conversations:
         `reason` as an error instead of a reply that will not come."""
         self._closed = reason
         for q in (*self._open.values(), *(w for ws in self._watchers.values() for w in ws)):
-            q.put_nowait(None)
+            _put_dropping_oldest(q, None)
+
+
+def _put_dropping_oldest(q: asyncio.Queue[OutboundMessage | None], item: OutboundMessage | None) -> None:
+    if q.full():
+        dropped = q.get_nowait()
+        if dropped is not None:
+            logger.warning("a watch stream for {} reads too slowly; a reply in {} was not sent to it", who(dropped.target), dropped.session_key)
+    q.put_nowait(item)
 
 
 def who(target: ReplyTarget) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
 from supervisor.channels import SHUTTING_DOWN, Conversations, who
@@ -40,7 +40,7 @@ class CliChannel:
         target = ReplyTarget(channel=NAME, account_id=DEFAULT_ACCOUNT, peer=Peer.of("direct", peer or _os_user()), thread_id=thread)
         return self.conversations.watching(who(target))
 
-    def chat(self, text: str, *, peer: str | None, agent: str | None, thread: str | None) -> AsyncIterator[Route | OutboundMessage]:
+    def chat(self, text: str, *, peer: str | None, agent: str | None, thread: str | None) -> AsyncGenerator[Route | OutboundMessage, None]:
         who = Peer.of("direct", peer or _os_user())
         msg = InboundMessage(
             source=RouteInput(channel=NAME, account_id=DEFAULT_ACCOUNT, peer=who, thread_id=thread),

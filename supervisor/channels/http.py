@@ -7,7 +7,10 @@
 
 answers with server-sent events: `ack` (the route: agentId, matchedBy, sessionKey,
 …) once the message is in its session, then `progress` notes, then `reply`. A refused
-message gets `error`. The identity fields come from the request envelope, which the
+message gets `error`. A message refused because the session or the gateway is full
+gets no stream but `429 Too Many Requests`, a `Retry-After` header (seconds) and
+`{"error": "...", "code": "session_busy" | "gateway_busy", "retryAfterSeconds": N}`;
+nothing of it was kept, so sending it again later is safe. The identity fields come from the request envelope, which the
 bearer token vouches for; the channel name is always `http`. Loopback only.
 
     GET /v1/events?peerId=alice[&peerKind=direct][&accountId=…][&threadId=…]
@@ -20,6 +23,7 @@ with `ready`, and a comment every KEEPALIVE_S finds a client that went away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 from pathlib import Path
@@ -31,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from sandbox.manifest import format_validation_error
-from supervisor.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
+from supervisor.bus import Busy, InboundMessage, MessageBus, OutboundMessage, ReplyTarget
 from supervisor.channels import SHUTTING_DOWN, Conversations, who
 from supervisor.errors import ClawsupError
 from supervisor.routing import Peer, Route, RouteInput, norm_account
@@ -123,18 +127,33 @@ class HttpChannel:
             text=body.text,
             reply_to=ReplyTarget(channel=NAME, account_id=account, peer=peer, thread_id=body.thread_id, conversation=self.conversations.new_id(NAME)),
         )
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        # The stream opens with the acknowledgement, so that a busy refusal, which
+        # comes before it, can still be a status code a client's retry logic knows.
+        resp: web.StreamResponse | None = None
         try:
-            async for item in self.conversations.exchange(msg):
-                if isinstance(item, Route):
-                    await _event(resp, "ack", {"messageId": msg.id, **item.to_json()})
-                else:
-                    await _event(resp, "progress" if item.progress else "reply", {"text": item.text, "sessionKey": item.session_key, "inReplyTo": item.in_reply_to})
+            # Closed here, not when collected: a client gone mid-stream must not leave
+            # its conversation open.
+            async with contextlib.aclosing(self.conversations.exchange(msg)) as items:
+                async for item in items:
+                    if resp is None:
+                        resp = await _open_stream(request)
+                    if isinstance(item, Route):
+                        await _event(resp, "ack", {"messageId": msg.id, **item.to_json()})
+                    else:
+                        await _event(resp, "progress" if item.progress else "reply", {"text": item.text, "sessionKey": item.session_key, "inReplyTo": item.in_reply_to})
+        except Busy as e:
+            if resp is None:
+                return web.json_response(
+                    {"error": str(e), "code": e.code, "retryAfterSeconds": e.retry_after_s}, status=429, headers={"Retry-After": str(e.retry_after_s)}
+                )
+            await _event(resp, "error", {"code": e.code, "message": str(e)})
         except ClawsupError as e:
+            if resp is None:
+                resp = await _open_stream(request)
             await _event(resp, "error", {"code": e.code, "message": str(e)})
         except ConnectionResetError:
-            return resp
+            return resp or web.Response(status=499)
+        assert resp is not None
         await resp.write_eof()
         return resp
 
@@ -165,6 +184,12 @@ class HttpChannel:
             return resp
         await resp.write_eof()
         return resp
+
+
+async def _open_stream(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    return resp
 
 
 async def _event(resp: web.StreamResponse, name: str, data: dict[str, Any]) -> None:
