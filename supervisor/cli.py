@@ -80,7 +80,9 @@ def start(
     state_dir: StateDir = None,
     plugin: Annotated[Optional[list[Path]], typer.Option("--plugin", help="A plugin folder to load on top of the config's. Repeatable.")] = None,
 ) -> None:
-    """Run the gateway in the foreground until Ctrl-C, SIGTERM or `clawsup stop`."""
+    """Run the gateway in the foreground until Ctrl-C, SIGTERM or `clawsup stop`.
+
+    To debug a stall, CLAWSUP_LOOP_DEBUG_MS=50 runs the event loop in asyncio debug mode and logs each callback that holds it 50 ms or more, and where it was, to supervisor.log."""
     from supervisor.gateway import GatewayOptions, run_gateway, setup_logging
 
     paths = _paths(state_dir)
@@ -94,8 +96,8 @@ def start(
         style = STATE_STYLE.get(t.new.value, "")
         out.print(f"  [bold]{t.sandbox_id}[/bold] {t.old.value} → [{style}]{t.new.value}[/{style}]" + (f"  [dim]{escape(printable(t.why))}[/dim]" if t.why else ""), highlight=False)
 
-    def on_ready(manager: Any) -> None:
-        _print_status(manager.status())
+    async def on_ready(manager: Any) -> None:
+        _print_status(await manager.status())
         _print_warnings(manager.warnings)
         out.print(f"[dim]control socket {paths.control_socket}; `clawsup status`, `clawsup logs <sandbox> -f`, Ctrl-C to stop[/dim]")
 
@@ -116,7 +118,7 @@ def start(
 def _print_status(sandboxes: list[dict[str, Any]]) -> None:
     table = Table(title="sandboxes", title_justify="left")
     for col in ("id", "state", "backend · trust · uid", "network", "pid / container", "restarts", "uptime", "memory / limit", "tools", "last exit"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "state")
     for s in sandboxes:
         style = STATE_STYLE.get(s["state"], "")
         c = s.get("container")
@@ -124,7 +126,7 @@ def _print_status(sandboxes: list[dict[str, Any]]) -> None:
         used = f"{s['rss_bytes'] / 2**20:.0f}" if s["rss_bytes"] else "-"
         table.add_row(
             escape(printable(s["id"])),
-            f"[{style}]{s['state']}[/{style}]",
+            "[bold red]FAILED[/bold red]" if s["state"] == SandboxState.FAILED.value else f"[{style}]{s['state']}[/{style}]",
             f"{s['backend']} · {s['trust']} · {s['uid'] if s['uid'] is not None else 'as supervisor'}",
             "yes" if s["network"] else "none",
             where,
@@ -135,6 +137,22 @@ def _print_status(sandboxes: list[dict[str, Any]]) -> None:
             escape(printable((s["last_exit"] or {}).get("text", "-"))),
         )
     out.print(table)
+    _print_failed(sandboxes)
+
+
+def _print_failed(sandboxes: list[dict[str, Any]]) -> None:
+    """A failed sandbox waits for an operator: one line each under the table, with
+    why and what to do, in words that need no colour (status is often piped)."""
+    for s in sandboxes:
+        if s["state"] != SandboxState.FAILED.value:
+            continue
+        sid = escape(printable(s["id"]))
+        how = escape(printable((s["last_exit"] or {}).get("text", "failed")))
+        out.print(
+            f"[bold red]FAILED:[/bold red] sandbox {sid} {how}, and will not restart by itself; "
+            f"`clawsup restart {sid}` tries again, `clawsup logs {sid}` shows why.",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
 
 
 def _print_warnings(warnings: list[str]) -> None:
@@ -322,7 +340,13 @@ def logs(
     sys.stdout.flush()
     try:
         for msg in stream:
-            print(printable(msg["line"]), flush=True)
+            if "skipped" in msg:  # this follower fell behind (supervisor/control.py)
+                print(f"[clawsup: {msg['skipped']:,} lines skipped: this follower fell behind; they are in the log file]", flush=True)
+            elif "ended" in msg:
+                print(f"[clawsup: {msg['ended']}]", flush=True)
+                break
+            else:
+                print(printable(msg["line"]), flush=True)
     except KeyboardInterrupt:
         pass
 
@@ -510,6 +534,8 @@ def chat(
             for m in client.stream({**base, "text": text}):
                 if as_json:
                     print(json.dumps(m), flush=True)
+                    if not m.get("ok", True):  # refused (session_busy...): exit 1 here too
+                        return False
                 elif "ack" in m:
                     a = m["ack"]
                     err.print(f"[dim]→ {a['agentId']} ({a['matchedBy']}) · {a['sessionKey']}[/dim]", highlight=False)

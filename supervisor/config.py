@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import json5
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from sandbox.manifest import Backend, RestartRequest, SandboxRequest, format_validation_error
+from sandbox.manifest import Backend, RestartRequest, SandboxRequest
 from supervisor.errors import ConfigError
 
 BUNDLED_PREFIX = "bundled:"
@@ -50,6 +50,59 @@ class _OpenClaw(BaseModel):
     model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
+# Every number in the config has a floor and a ceiling, each defined once here. The
+# floors keep supervision working (a 1 ms heartbeat is a busy loop, a 1 ms restart
+# period never spends its budget); the ceilings keep every wait finite (a stop grace of
+# a day would hold a shutdown for a day) and catch a number in the wrong unit, bytes or
+# KiB where MiB is meant. A value outside them is a ConfigError that names the key
+# path, the value and the bound (`_problems`).
+MINUTE, HOUR, DAY = 60, 3600, 86_400
+MAX_RAM_MB = 65_536
+"""Memory, and tmpfs (which is memory), for one sandbox: past 64 GiB it is a unit slip."""
+
+# Durations, in seconds.
+GraceSeconds = Annotated[float, Field(ge=0.1, le=MINUTE)]
+"""One polite step of a stop (Shutdown RPC, then SIGTERM) or of an exec kill before
+the harsher one; a stop takes two of them, so at most two minutes."""
+StartSeconds = Annotated[float, Field(ge=0.5, le=10 * MINUTE)]
+"""For a child to come up; under 0.5 s no Python child gets through its imports."""
+HeartbeatIntervalSeconds = Annotated[float, Field(ge=0.1, le=10 * MINUTE)]
+HeartbeatTimeoutSeconds = Annotated[float, Field(ge=0.05, le=10 * MINUTE)]
+CallSeconds = Annotated[float, Field(ge=0.1, le=HOUR)]
+"""One tool call or one model request; longer work is a subagent run."""
+RunSeconds = Annotated[float, Field(ge=1, le=DAY)]
+"""A shell command's or a subagent run's deadline."""
+IdleSeconds = Annotated[float, Field(ge=1, le=7 * DAY)]
+BackoffSeconds = Annotated[float, Field(ge=0.05, le=HOUR)]
+PeriodSeconds = Annotated[float, Field(ge=1, le=DAY)]
+
+# Sizes, in MiB.
+SandboxMemoryMb = Annotated[int, Field(ge=32, le=MAX_RAM_MB)]
+"""Under 32 MiB the plugin host's Python does not start."""
+WorkspaceMemoryMb = Annotated[int, Field(ge=64, le=MAX_RAM_MB)]
+"""A shell and the tools it runs need more than a plugin host."""
+TmpMb = Annotated[int, Field(ge=1, le=MAX_RAM_MB)]
+FileSizeMb = Annotated[int, Field(ge=1, le=MAX_RAM_MB)]
+DiskMb = Annotated[int, Field(ge=1, le=1_048_576)]
+"""A workspace's disk, up to 1 TiB (its usage is walked to enforce the limit)."""
+
+# Counts.
+SandboxProcesses = Annotated[int, Field(ge=8, le=32_768)]
+"""pids.max, docker's pids limit or RLIMIT_NPROC: a plugin host and its threads need
+8; 32768 is the classic pid_max, every pid many machines have."""
+WorkspaceProcesses = Annotated[int, Field(ge=16, le=32_768)]
+OpenFiles = Annotated[int, Field(ge=32, le=1_048_576)]
+"""RLIMIT_NOFILE: setting it above fs.nr_open (1048576 by default) fails."""
+CpuSeconds = Annotated[int, Field(ge=1, le=30 * DAY)]
+Cpus = Annotated[float, Field(ge=0.01, le=64)]
+"""CPUs' worth of time at once; docker's --cpus takes 0.01 at least."""
+MaxRestarts = Annotated[int, Field(ge=0, le=1000)]
+QueueSize = Annotated[int, Field(ge=1, le=100_000)]
+"""Messages held in the supervisor's memory."""
+LoopCount = Annotated[int, Field(ge=2, le=1000)]
+"""Repeats of one call in a turn; a turn's model calls each may ask for several."""
+
+
 class PluginLoad(_Model):
     paths: list[str] = Field(default_factory=list)
     """Plugin folders: absolute, relative to this config file, or `bundled:NAME`."""
@@ -64,16 +117,27 @@ class RestartGrant(RestartRequest):
     supervisor/plans.py computes from the backoff) so that a crash loop always spends
     its budget and ends in `failed`: a 1 ms period never would."""
 
-    max_restarts: int | None = Field(default=None, ge=0, le=1000)
-    period_seconds: float | None = Field(default=None, ge=1, le=86_400)
-    backoff_initial_seconds: float | None = Field(default=None, ge=0.05, le=3600)
-    backoff_max_seconds: float | None = Field(default=None, ge=0.05, le=3600)
+    max_restarts: MaxRestarts | None = None
+    period_seconds: PeriodSeconds | None = None
+    backoff_initial_seconds: BackoffSeconds | None = None
+    backoff_max_seconds: BackoffSeconds | None = None
 
 
 class SandboxGrant(SandboxRequest):
-    """What the operator grants one plugin (`plugins.entries.<id>.sandbox`)."""
+    """What the operator grants one plugin (`plugins.entries.<id>.sandbox`): the
+    limits of `sandbox.defaults`, with the same bounds. (A manifest may ask for more
+    than these, and is shown and refused for it, not failed.)"""
 
     backend: PluginBackend | None = None  # type: ignore[assignment]
+    call_timeout_seconds: CallSeconds | None = None
+    memory_mb: SandboxMemoryMb | None = None
+    cpu_seconds: CpuSeconds | None = None
+    max_processes: SandboxProcesses | None = None
+    max_open_files: OpenFiles | None = None
+    max_file_size_mb: FileSizeMb | None = None
+    cpus: Cpus | None = None
+    max_workspace_mb: DiskMb | None = None
+    tmp_mb: TmpMb | None = None
     restart: RestartGrant | None = None
 
 
@@ -103,17 +167,17 @@ class SandboxDefaults(_Model):
     network: bool = False
     """Whether plugins get the network; a manifest that asks for it without this
     grant (here or in `plugins.entries.<id>.sandbox`) runs without it."""
-    call_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
-    memory_mb: int = Field(default=512, ge=32)
-    cpu_seconds: int = Field(default=600, ge=1)
-    max_processes: int = Field(default=64, ge=8)
-    max_open_files: int = Field(default=256, ge=32)
-    max_file_size_mb: int = Field(default=64, ge=1)
-    cpus: float = Field(default=1.0, gt=0, le=64)
-    max_workspace_mb: int = Field(default=1024, ge=1)
+    call_timeout_seconds: CallSeconds = 30.0
+    memory_mb: SandboxMemoryMb = 512
+    cpu_seconds: CpuSeconds = 600
+    max_processes: SandboxProcesses = 64
+    max_open_files: OpenFiles = 256
+    max_file_size_mb: FileSizeMb = 64
+    cpus: Cpus = 1.0
+    max_workspace_mb: DiskMb = 1024
     """The most a plugin's workspace may hold; past it the sandbox is killed
     (`disk limit`), as for its memory limit."""
-    tmp_mb: int = Field(default=64, ge=1, le=65536)
+    tmp_mb: TmpMb = 64
     """The size of a plugin's private /tmp and /dev/shm (bwrap, docker)."""
     restart: RestartGrant = Field(
         default_factory=lambda: RestartGrant(
@@ -139,7 +203,8 @@ class UidConfig(_Model):
     """Where a root supervisor takes its sandboxes' uids from: a range, and a record
     of who holds which, shared by every clawsup supervisor on the machine."""
 
-    first: int = Field(default=1_900_000_000, ge=1000, le=2**31 - 2)
+    first: int = Field(default=1_900_000_000, ge=1000, le=2**31 - 1 - 16)
+    """Above the system's users (1000), with room for the smallest range below 2**31 - 1."""
     count: int = Field(default=1_000_000, ge=16, le=2**30)
     registry: str = "/var/lib/clawsup/uids.json"
 
@@ -152,14 +217,12 @@ class UidConfig(_Model):
 
 class SandboxConfig(_Model):
     defaults: SandboxDefaults = Field(default_factory=SandboxDefaults)
-    # Floors: a 1 ms heartbeat or handshake turns supervision into a busy loop, or
-    # kills every child before it can start.
-    handshake_timeout_seconds: float = Field(default=10.0, ge=0.5, le=600)
-    heartbeat_interval_seconds: float = Field(default=2.0, ge=0.1, le=600)
-    heartbeat_timeout_seconds: float = Field(default=1.0, ge=0.05, le=600)
+    handshake_timeout_seconds: StartSeconds = 10.0
+    heartbeat_interval_seconds: HeartbeatIntervalSeconds = 2.0
+    heartbeat_timeout_seconds: HeartbeatTimeoutSeconds = 1.0
     heartbeat_misses: int = Field(default=2, ge=1, le=100)
     """Consecutive unanswered health checks before a child counts as hung and is killed."""
-    stop_grace_seconds: float = Field(default=2.0, ge=0.1, le=60)
+    stop_grace_seconds: GraceSeconds = 2.0
     """How long each polite step of a stop (Shutdown RPC, then SIGTERM) may take
     before the next, harsher one."""
     run_as: str = Field(default="auto", min_length=1)
@@ -188,15 +251,15 @@ class ExecToolConfig(_OpenClaw):
     """The `exec` core tool. The deny list is the outer fence only: what slips past
     it meets the workspace sandbox (see supervisor/exec_screen.py)."""
 
-    timeout_seconds: float = Field(default=60.0, gt=0)
+    timeout_seconds: RunSeconds = 60.0
     """A command's deadline when the call does not ask for one."""
-    max_timeout_seconds: float = Field(default=600.0, gt=0)
+    max_timeout_seconds: RunSeconds = 600.0
     """The longest deadline a call may ask for."""
     # At most 8 MiB: half of it (the head, or the marker and tail) travels in one
     # message, and the supervisor takes at most 4 MiB in one (supervisor/host_client.py).
     max_output_bytes: int = Field(default=64 * 1024, ge=1024, le=8 * 1024 * 1024)
     """Output beyond this keeps its head and tail, with a marker between them."""
-    kill_grace_seconds: float = Field(default=2.0, gt=0, le=60)
+    kill_grace_seconds: GraceSeconds = 2.0
     """From SIGTERM to SIGKILL when a command outlives its deadline."""
     shell: str = Field(default="/bin/sh", min_length=1)
     deny_defaults: bool = True
@@ -275,13 +338,13 @@ class AgentSandboxConfig(_OpenClaw):
     model's commands then run unconfined."""
     network: bool = False
     """Only bwrap and docker can take the network away; process always has it."""
-    max_workspace_mb: int = Field(default=4096, ge=1)
-    tmp_mb: int = Field(default=256, ge=1, le=65536)
-    memory_mb: int = Field(default=1024, ge=64)
-    max_processes: int = Field(default=256, ge=16)
-    max_file_size_mb: int = Field(default=256, ge=1)
-    cpu_seconds: int = Field(default=3600, ge=1)
-    idle_stop_seconds: float = Field(default=600.0, gt=0)
+    max_workspace_mb: DiskMb = 4096
+    tmp_mb: TmpMb = 256
+    memory_mb: WorkspaceMemoryMb = 1024
+    max_processes: WorkspaceProcesses = 256
+    max_file_size_mb: FileSizeMb = 256
+    cpu_seconds: CpuSeconds = 3600
+    idle_stop_seconds: IdleSeconds = 600.0
     """A per-session workspace sandbox with no call for this long is stopped (its
     files stay); the next call starts it again."""
 
@@ -294,17 +357,26 @@ class SubagentsConfig(_OpenClaw):
     leaves."""
     max_children_per_agent: int = Field(default=5, ge=1, le=50)
     """Runs one session (or one run) may have going at once."""
-    run_timeout_seconds: float = Field(default=600.0, gt=0, le=86_400)
+    run_timeout_seconds: RunSeconds = 600.0
     """A run's limit when the spawn does not give `runTimeoutSeconds`."""
-    max_run_timeout_seconds: float = Field(default=3600.0, gt=0, le=86_400)
+    max_run_timeout_seconds: RunSeconds = 3600.0
     """The most `runTimeoutSeconds` a spawn may ask for."""
     model: str | dict[str, Any] | None = None
     """The subagents' model when the spawn names none (default: the target agent's)."""
     workspace: Literal["inherit", "fresh"] = "inherit"
     """Where a run's file and exec tools work: the spawning session's workspace
     sandbox, or a fresh one for the run, removed with it."""
-    start_timeout_seconds: float = Field(default=30.0, gt=0)
+    start_timeout_seconds: StartSeconds = 30.0
     """For the run's sandbox host to come up (counted in the run's timeout too)."""
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> SubagentsConfig:
+        # Else every spawn that gives no runTimeoutSeconds would be refused.
+        if self.run_timeout_seconds > self.max_run_timeout_seconds:
+            raise ValueError(
+                f"runTimeoutSeconds: {_number(self.run_timeout_seconds)} is more than maxRunTimeoutSeconds ({_number(self.max_run_timeout_seconds)})"
+            )
+        return self
 
 
 class AgentDefaults(_OpenClaw):
@@ -431,14 +503,18 @@ class SessionStoreConfig(_Model):
     of these; `always` also survives a power cut (at a cost per message), `interval`
     loses at most `fsyncIntervalMs` of them then."""
     fsync_interval_ms: int = Field(default=200, ge=1, le=60_000)
+    max_open_files: int = Field(default=64, ge=4, le=4096)
+    """Session files kept open at once; the least recently used is closed past it."""
 
 
 class BusConfig(_Model):
-    inbound_capacity: int = Field(default=1000, ge=1)
-    """Messages waiting for their session; a full queue makes channels wait."""
-    outbound_capacity: int = Field(default=1000, ge=1)
-    session_queue: int = Field(default=100, ge=1)
-    """Messages waiting in one session behind its turn in flight."""
+    inbound_capacity: QueueSize = 1000
+    """Messages the gateway holds (handed in, not yet answered); past it channels
+    refuse new ones at once (HTTP 429, cli `gateway_busy`)."""
+    outbound_capacity: QueueSize = 1000
+    session_queue: QueueSize = 100
+    """Messages waiting in one session behind its turn in flight; one more is
+    refused (HTTP 429, cli `session_busy`) and not written to the session."""
 
 
 class ProviderConfig(_Model):
@@ -448,8 +524,9 @@ class ProviderConfig(_Model):
     base_url: str | None = None
     max_retries: int = Field(default=3, ge=0, le=10)
     """Retries of transient failures (rate limits, overload), with backoff."""
-    timeout_seconds: float = Field(default=120.0, gt=0)
-    max_tokens: int = Field(default=4096, ge=1)
+    timeout_seconds: CallSeconds = 120.0
+    max_tokens: int = Field(default=4096, ge=1, le=1_000_000)
+    """Past a million it is no model's output limit."""
 
 
 class ProvidersConfig(_Model):
@@ -460,20 +537,23 @@ class ProvidersConfig(_Model):
 
 class LoopDetectionConfig(_Model):
     enabled: bool = True
-    same_call_warn: int = Field(default=3, ge=2)
+    same_call_warn: LoopCount = 3
     """The same tool with the same arguments this many times in one turn: the model
     gets a warning."""
-    same_call_stop: int = Field(default=5, ge=2)
+    same_call_stop: LoopCount = 5
     """... and this many: the turn stops."""
-    same_file_reads_warn: int = Field(default=4, ge=2)
-    same_file_reads_stop: int = Field(default=6, ge=2)
+    same_file_reads_warn: LoopCount = 4
+    same_file_reads_stop: LoopCount = 6
 
 
 class AgentLoopConfig(_Model):
     max_iterations: int = Field(default=12, ge=1, le=200)
     """Model calls per turn, at most."""
-    history_messages: int = Field(default=60, ge=1)
+    history_messages: int = Field(default=60, ge=1, le=10_000)
     """How much of the session the model sees."""
+    history_bytes: int = Field(default=256 * 1024, ge=4096, le=16 * 1024 * 1024)
+    """... at most this much of it (JSON bytes); also what each active session's
+    history holds in memory."""
     loop_detection: LoopDetectionConfig = Field(default_factory=LoopDetectionConfig)
 
 
@@ -536,7 +616,47 @@ def parse_config(text: str, source: str) -> ClawsupConfig:
     try:
         return ClawsupConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(source, format_validation_error(e).split("; ")) from e
+        raise ConfigError(source, _problems(e)) from e
+
+
+_OUT_OF_BOUNDS = {
+    "greater_than_equal": ("ge", "is less than the minimum of"),
+    "less_than_equal": ("le", "is more than the maximum of"),
+    "greater_than": ("gt", "must be more than"),
+    "less_than": ("lt", "must be less than"),
+}
+
+
+def _problems(err: ValidationError) -> list[str]:
+    """One line per problem, naming the key path as sandbox/manifest.py's
+    format_validation_error does; a number out of bounds is said in words with the
+    value and the bound (`sandbox.stopGraceSeconds: 100000 is more than the maximum
+    of 60`), where pydantic says `Input should be less than or equal to 60`."""
+    out = []
+    for e in err.errors(include_url=False):
+        bound = _OUT_OF_BOUNDS.get(e["type"])
+        if bound is None:
+            msg = e["msg"].removeprefix("Value error, ")
+        else:
+            key, words = bound
+            value = e["input"]
+            msg = "must be a number, not NaN" if value != value else f"{_number(value)} {words} {_number(e['ctx'][key])}"
+        out.append(f"{_key_path(e['loc'])}: {msg}")
+    return out
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for p in loc:
+        path += f"[{p}]" if isinstance(p, int) else (f".{p}" if path else str(p))
+    return path or "<root>"
+
+
+def _number(v: Any) -> str:
+    # 60.0 reads as 60; a bool that pydantic took for a number reads as itself.
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v) if isinstance(v, (int, float)) else repr(v)
 
 
 def resolve_plugin_path(entry: str, base: Path) -> Path:

@@ -29,6 +29,45 @@ def test_status_json_has_every_field(gateway_factory) -> None:
     assert sorted(sb["tools"]) == ["calc", "echo", "now"] and sb["last_exit"] is None
     human = gw.cli("status")
     assert human.returncode == 0 and "basics" in human.stdout and "ready" in human.stdout
+    assert "FAILED" not in human.stdout
+
+
+def test_status_marks_a_failed_sandbox_so_it_cannot_be_missed(gateway_factory) -> None:
+    """A plugin that crashes at every start spends its restart budget and is failed
+    until an operator acts: status says so in capitals, with the reason of its last
+    exit and the command that retries it, in colour on a terminal and in plain words
+    through a pipe, however narrow."""
+    cfg = with_chaos()
+    restart = {"maxRestarts": 1, "backoffInitialSeconds": 0.05, "backoffMaxSeconds": 0.05}
+    cfg["plugins"]["entries"]["chaos"] = {"config": {"onRegister": "crash"}, "sandbox": {"restart": restart}}
+    gw = gateway_factory(cfg)
+    assert gw.wait("chaos", "failed", timeout=30) == "failed"
+    assert gw.status("chaos")["last_exit"]["text"].startswith("was killed by SIGSEGV")
+
+    summary = "FAILED: sandbox chaos was killed by SIGSEGV"
+    hint = "and will not restart by itself; `clawsup restart chaos` tries again, `clawsup logs chaos` shows why."
+    for columns in ("400", "80"):
+        env = {**os.environ, "COLUMNS": columns}
+        plain = subprocess.run([*CLAWSUP, "status", "--state-dir", str(gw.state)], capture_output=True, text=True, timeout=60, env=env)
+        assert plain.returncode == 0, plain.stderr
+        assert "\x1b[" not in plain.stdout
+        lines = plain.stdout.splitlines()
+        states = [cell for r in lines if r.startswith("│ ") and (cell := r.split("│")[2].strip())]
+        assert states == ["ready", "FAILED"]
+        # One line under the table, whole even at 80 columns.
+        [line] = [line for line in lines if line.startswith("FAILED:")]
+        assert line.startswith(summary) and line.endswith(hint), line
+        assert lines.index(line) > next(i for i, r in enumerate(lines) if r.startswith("└"))
+
+    coloured = subprocess.run(
+        [*CLAWSUP, "status", "--state-dir", str(gw.state)], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "COLUMNS": "400", "FORCE_COLOR": "1", "TERM": "xterm-256color"},
+    )  # fmt: skip
+    assert "\x1b[1;31mFAILED\x1b[0m" in coloured.stdout and "\x1b[1;31mFAILED:\x1b[0m sandbox chaos" in coloured.stdout
+    # The JSON keeps the state's name; the other plugin is untouched.
+    states = {s["id"]: s["state"] for s in json.loads(gw.cli("status", "--json").stdout)["sandboxes"]}
+    assert states == {"basics": "ready", "chaos": "failed"}
+    assert gw.call("echo", {"text": "still here"})["data"]["result"] == "still here"
 
 
 def test_tools_list_json(gateway_factory) -> None:
