@@ -3,6 +3,7 @@ to a baseline measured in the same run (these machines are noisy; compare ratios
 and writes the numbers as JSON to --out.
 
     python scripts/bench.py [--out bench.json] [--calls 2000] [--starts 30] [--crashes 50]
+    python scripts/bench.py --only g|h|i|m|n|ab   (one figure)
 
 Figures (see issue 2):
   (a) warm tool call, supervisor -> plugin -> supervisor, through SandboxManager.invoke
@@ -23,9 +24,10 @@ Figures (issue 3):
   (f) the same on the bwrap backend (skipped, and said, when bwrap is unavailable)
 Figure (issue 4):
   (g) messages through channel (the cli adapter, in process), bus, router, session
-      append and reply, with the placeholder agent, over 1, 10 and 100 sessions, each
-      sender waiting for its reply before the next: messages/s and p50/p99 latency,
-      with fsync `always` (the default) and `never`
+      append and reply, with the placeholder agent, over 1, 10, 100 and 1,000 sessions
+      (`--g-sessions`; issue 13 added 1,000), each sender waiting for its reply before
+      the next, at least two messages per session: messages/s and p50/p99 latency,
+      with fsync `always` (the default) and `never`; messages refused busy are counted
       baseline: the bare bus, an inbound and an outbound asyncio.Queue with an echo
       consumer between them, driven the same way
 Figures (issue 5):
@@ -41,6 +43,11 @@ Figure (issue 7):
       baseline: stopping and starting a workspace sandbox (the same host runtime, no
       plugin) on the same backend, what any run must pay for a child's whole life;
       interleaved
+Figure (issue 13):
+  (n) the control `status` op (what `clawsup status` asks) of a real supervisor while
+      ten plugin sandboxes restart in a loop (a `restart` op after another on each),
+      p50/p90/p99, and the `clawsup status` command once that way and once idle
+      baseline: the same op with nothing restarting, in interleaved blocks
 Figures (issue 6), skipped (and said) without an engine and the image:
   (j) docker cold start, spawn to ready; floor: `docker run --rm IMAGE /bin/true`
       through the same SDK
@@ -55,11 +62,13 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -170,8 +179,11 @@ async def bench_kill_floor(tmp: Path, n: int) -> list[float]:
     kernel's own cost of tearing down a process of the same shape as a host."""
     loop = asyncio.get_running_loop()
     out = []
+    # A folder of its own: a server here binds `echo.sock`, and one bound over (a)'s
+    # left (a') dialling a dead socket.
+    (tmp / "kill-floor").mkdir(exist_ok=True)
     for _ in range(n):
-        p, _ = await bare_echo_server(tmp)
+        p, _ = await bare_echo_server(tmp / "kill-floor")
         fd = os.pidfd_open(p.pid)
         done: asyncio.Future[float] = loop.create_future()
         loop.add_reader(fd, lambda: done.done() or done.set_result(time.perf_counter()))
@@ -274,7 +286,7 @@ async def bench_docker(process_manager: SandboxManager, tmp: Path, a: Any) -> di
             }
             stop.set()
     finally:
-        m.close()
+        await m.aclose()
         client.close()
     return out
 
@@ -303,14 +315,19 @@ async def bench_exec_true(manager: SandboxManager, agent: str, n: int, warmup: i
 
 async def _drive(sessions: int, total: int, one: Any) -> dict[str, Any]:
     """`sessions` senders, each sending its share one after another (waiting for the
-    reply); per-message latency and overall throughput."""
+    reply); per-message latency and overall throughput. A message `one` says was
+    refused (False: the gateway or its session was busy) is counted, not timed."""
     lat: list[float] = []
+    refused = 0
     per = max(total // sessions, 1)
 
     async def sender(s: int) -> None:
+        nonlocal refused
         for k in range(per):
             t0 = time.perf_counter()
-            await one(s, k)
+            if await one(s, k) is False:
+                refused += 1
+                continue
             lat.append((time.perf_counter() - t0) * 1000)
 
     t0 = time.perf_counter()
@@ -318,17 +335,22 @@ async def _drive(sessions: int, total: int, one: Any) -> dict[str, Any]:
         for s in range(sessions):
             tg.create_task(sender(s))
     wall = time.perf_counter() - t0
-    return {"sessions": sessions, "messages": len(lat), "per_s": len(lat) / wall, "latency_ms": summary(lat)}
+    return {"sessions": sessions, "messages": len(lat), "refused": refused, "per_s": len(lat) / wall, "latency_ms": summary(lat)}
 
 
-async def bench_messages(total: int) -> dict[str, Any]:
-    from supervisor.bus import MessageBus
+G_SESSIONS = (1, 10, 100, 1000)
+
+
+async def bench_messages(total: int, session_counts: tuple[int, ...] = G_SESSIONS) -> dict[str, Any]:
+    """Figure (g). Each count of sessions gets at least two messages per session (at
+    1,000 sessions: 2,000 messages, each session's first a cold one)."""
+    from supervisor.bus import Busy, MessageBus
     from supervisor.config import ClawsupConfig
     from supervisor.messaging import Messaging
     from supervisor.routing import Route
 
     out: dict[str, Any] = {"baseline": {}, "always": {}, "never": {}}
-    for n in (1, 10, 100):
+    for n in session_counts:
         # The bare bus: an inbound and an outbound queue, an echo consumer between.
         bus = MessageBus()
         waiting: dict[int, asyncio.Future[str]] = {}
@@ -354,7 +376,7 @@ async def bench_messages(total: int) -> dict[str, Any]:
 
         async with asyncio.TaskGroup() as tg:
             pumps = [tg.create_task(echo()), tg.create_task(deliver())]
-            out["baseline"][n] = await _drive(n, total, bare)
+            out["baseline"][n] = await _drive(n, max(total, 2 * n), bare)
             for p in pumps:
                 p.cancel()
 
@@ -367,32 +389,36 @@ async def bench_messages(total: int) -> dict[str, Any]:
             cli = m.cli
             assert cli is not None
 
-            async def through(s: int, k: int) -> None:
-                async for item in cli.chat(f"message {k}", peer=f"peer{s}", agent=None, thread=None):
-                    if not isinstance(item, Route) and item.final:
-                        return
+            async def through(s: int, k: int) -> bool:
+                try:
+                    async for item in cli.chat(f"message {k}", peer=f"peer{s}", agent=None, thread=None):
+                        if not isinstance(item, Route) and item.final:
+                            return True
+                except Busy:
+                    return False
+                raise AssertionError(f"no final reply to message {k} of peer{s}")
 
             stop, up = asyncio.Event(), asyncio.Event()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(m.run(stop, up))
                 await up.wait()
-                out[fsync][n] = await _drive(n, total, through)
+                out[fsync][n] = await _drive(n, max(total, 2 * n), through)
                 stop.set()
             m.close()
-            import shutil
-
             shutil.rmtree(state, ignore_errors=True)
     return out
 
 
 def print_messages(g: dict[str, Any]) -> None:
     print("(g) messages: channel -> bus -> router -> session append -> reply (placeholder agent)")
-    print(f"{'sessions':>10}{'fsync':>8}{'msg/s':>10}{'p50 ms':>9}{'p99 ms':>9}   {'bare bus msg/s':>15}{'p50 ms':>9}{'p99 ms':>9}{'msg/s ratio':>13}")
-    for n in (1, 10, 100):
+    print(f"{'sessions':>10}{'fsync':>8}{'msg/s':>10}{'p50 ms':>9}{'p99 ms':>9}   {'bare bus msg/s':>15}{'p50 ms':>9}{'p99 ms':>9}{'msg/s ratio':>13}{'p50 ratio':>11}{'p99 ratio':>11}")
+    for n in g["baseline"]:
         b = g["baseline"][n]
         for fsync in ("always", "never"):
             f = g[fsync][n]
-            print(f"{n:>10}{fsync:>8}{f['per_s']:>10.0f}{f['latency_ms']['p50']:>9.3f}{f['latency_ms']['p99']:>9.3f}   {b['per_s']:>15.0f}{b['latency_ms']['p50']:>9.3f}{b['latency_ms']['p99']:>9.3f}{f['per_s'] / b['per_s']:>12.3f}x")
+            fl, bl = f["latency_ms"], b["latency_ms"]
+            refused = f"   {f['refused']} refused (busy)" if f.get("refused") else ""
+            print(f"{n:>10}{fsync:>8}{f['per_s']:>10.0f}{fl['p50']:>9.3f}{fl['p99']:>9.3f}   {b['per_s']:>15.0f}{bl['p50']:>9.3f}{bl['p99']:>9.3f}{f['per_s'] / b['per_s']:>12.3f}x{fl['p50'] / bl['p50']:>10.1f}x{fl['p99'] / bl['p99']:>10.1f}x{refused}")
 
 
 async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, Any]:
@@ -483,6 +509,159 @@ async def bench_subagent(manager: SandboxManager, tmp: Path, n: int, backend: st
         stop.set()
     store.close()
     return {"figure": summary(figure), "baseline": summary(base), "baseline_name": f"stop + start of a workspace sandbox (same runtime, no plugin) on {backend}"}
+
+
+PING_PLUGIN = """from sandbox.api import hookimpl
+
+
+@hookimpl
+def clawsup_register(api):
+    api.register_tool(name="{tool}", description="Answers pong.", handler=lambda args: "pong")
+"""
+
+
+def ping_plugins(root: Path, n: int) -> list[Path]:
+    """`n` one-tool plugins (ping0 ... ping{n-1}), each its own sandbox."""
+    dirs = []
+    for i in range(n):
+        d = root / f"ping{i}"
+        d.mkdir(parents=True)
+        manifest = {"id": f"ping{i}", "version": "1.0.0", "description": "Bench: one tool.", "entry": "plugin.py", "contracts": {"tools": [f"ping{i}_pong"]}}
+        (d / "clawsup.plugin.json").write_text(json.dumps(manifest))
+        (d / "plugin.py").write_text(PING_PLUGIN.format(tool=f"ping{i}_pong"))
+        dirs.append(d)
+    return dirs
+
+
+def bench_status(calls: int, backend: str, sandboxes: int = 10) -> dict[str, Any]:
+    """Figure (n): the control `status` op (what `clawsup status` asks) of a real
+    supervisor while `sandboxes` plugin sandboxes restart in a loop (each a thread
+    calling the `restart` op again and again), against the same op idle, in
+    interleaved blocks; and the `clawsup status` command itself, once each way."""
+    from supervisor.control import ControlClient
+
+    state = Path(tempfile.mkdtemp(prefix="cs-bench-status-", dir="/tmp"))
+    dirs = ping_plugins(state / "plugins", sandboxes)
+    cfg = {
+        "plugins": {"load": {"paths": [str(d) for d in dirs]}, "entries": {d.name: {"trust": "trusted"} for d in dirs}},
+        "sandbox": {"defaults": {"backend": backend}, **({"runAs": "supervisor"} if backend == "process" else {})},
+    }
+    (state / "clawsup.json").write_text(json.dumps(cfg))
+    console = open(state / "console.txt", "w+")
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "supervisor.cli", "start", "--config", str(state / "clawsup.json"), "--state-dir", str(state)],
+        stdout=console, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    client = ControlClient(state / "run" / "control.sock")
+    cli = [sys.executable, "-m", "supervisor.cli", "status", "--state-dir", str(state)]
+
+    def status_ms(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            r = client.request({"op": "status"})
+            out.append((time.perf_counter() - t0) * 1000)
+            assert r.get("ok") and len(r["data"]["sandboxes"]) >= sandboxes, r
+        return out
+
+    def cli_ms() -> float:
+        t0 = time.perf_counter()
+        r = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return (time.perf_counter() - t0) * 1000
+
+    restarts: list[float] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+    looping_s = [0.0]  # how long the restart loops ran, for their rate
+
+    def restarting(sid: str, stop: threading.Event, started: threading.Barrier) -> None:
+        started.wait()
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            r = client.request({"op": "restart", "sandbox": sid, "timeout": 60})
+            ms = (time.perf_counter() - t0) * 1000
+            if r.get("ok") and r["data"]["state"] == "ready":
+                with lock:
+                    restarts.append(ms)
+                continue
+            log = client.request({"op": "logs", "sandbox": sid, "n": 12})
+            tail = "\n        ".join(log["data"]["lines"]) if log.get("ok") else log
+            with lock:
+                failures.append(f"{sid}: {r}; its log ends:\n        {tail}")
+
+    class Restarts:
+        """The ten restart loops, for the length of a `with` block."""
+
+        def __enter__(self) -> None:
+            self.stop = threading.Event()
+            started = threading.Barrier(sandboxes + 1)
+            self.threads = [threading.Thread(target=restarting, args=(f"ping{i}", self.stop, started)) for i in range(sandboxes)]
+            for t in self.threads:
+                t.start()
+            started.wait()
+            self.t0 = time.perf_counter()
+
+        def __exit__(self, *_: object) -> None:
+            self.stop.set()
+            for t in self.threads:
+                t.join()
+            looping_s[0] += time.perf_counter() - self.t0
+
+    try:
+        while not (state / "run" / "control.sock").exists():
+            if sup.poll() is not None:
+                console.seek(0)
+                raise SystemExit(f"(n): the supervisor exited with {sup.returncode}:\n{console.read()[-3000:]}")
+            time.sleep(0.05)  # only while the socket does not exist yet
+        for i in range(sandboxes):
+            r = client.request({"op": "wait", "sandbox": f"ping{i}", "states": ["ready"], "timeout": 60})
+            assert r.get("ok"), r
+        status_ms(50)  # warm
+        idle, busy = [], []
+        block = max(calls // 5, 1)
+        for _ in range(5):
+            idle += status_ms(block)
+            with Restarts():
+                busy += status_ms(block)
+        cli_idle = cli_ms()
+        with Restarts():
+            cli_busy = cli_ms()
+        client.stop()
+        sup.wait(30)
+    except BaseException:
+        console.seek(0)
+        print(console.read()[-5000:])
+        raise
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+        shutil.rmtree(state, ignore_errors=True)
+    return {
+        "figure": summary(busy),
+        "baseline": summary(idle),
+        "baseline_name": "the same `status` op, nothing restarting, interleaved",
+        "backend": backend,
+        "sandboxes": sandboxes,
+        "restarts": summary(restarts) if restarts else {"n": 0, "p50": float("nan"), "p99": float("nan")},
+        "restarts_per_s": len(restarts) / looping_s[0] if looping_s[0] else 0.0,
+        "restart_failures": failures[:10],
+        "cli_ms": {"restarting": cli_busy, "idle": cli_idle},
+    }
+
+
+def print_status(n: dict[str, Any]) -> None:
+    f, b, c = n["figure"], n["baseline"], n["cli_ms"]
+    print(f"(n) `status` op while {n['sandboxes']} sandboxes ({n['backend']}) restart in a loop, ms")
+    print(f"{'':<6}{'':<12}{'p50':>9}{'p90':>9}{'p99':>9}")
+    print(f"{'':<6}{'restarting':<12}{f['p50']:>9.3f}{f['p90']:>9.3f}{f['p99']:>9.3f}")
+    print(f"{'':<6}{'idle':<12}{b['p50']:>9.3f}{b['p90']:>9.3f}{b['p99']:>9.3f}    (baseline: {n['baseline_name']})")
+    print(f"{'':<6}{'ratio':<12}{f['p50'] / b['p50']:>8.2f}x{f['p90'] / b['p90']:>8.2f}x{f['p99'] / b['p99']:>8.2f}x")
+    r = n["restarts"]
+    print(f"{'':<6}restarts meanwhile: {r['n']} ({n['restarts_per_s']:.1f}/s), each p50 {r['p50']:.0f} ms, p99 {r['p99']:.0f} ms; failed: {len(n['restart_failures'])}")
+    print(f"{'':<6}`clawsup status` (the command, once each): {c['restarting']:.0f} ms while restarting, {c['idle']:.0f} ms idle ({c['restarting'] / c['idle']:.2f}x)")
+    for x in n["restart_failures"]:
+        print(f"{'':<6}restart failed: {x}")
 
 
 def bench_policy(n_tools: int = 200, reps: int = 2000) -> dict[str, Any]:
@@ -655,17 +834,25 @@ async def main() -> None:
     ap.add_argument("--starts", type=int, default=30)
     ap.add_argument("--crashes", type=int, default=50)
     ap.add_argument("--execs", type=int, default=500)
-    ap.add_argument("--messages", type=int, default=2000, help="per (g) run, spread over the sessions")
-    ap.add_argument("--only", choices=["g", "h", "i", "m", "ab"], help="run only this figure (ab: (a) and (b) on process and bwrap)")
+    ap.add_argument("--messages", type=int, default=2000, help="per (g) run, spread over the sessions (at least 2 per session)")
+    ap.add_argument("--g-sessions", default=",".join(map(str, G_SESSIONS)), help="the counts of sessions (g) runs over")
+    ap.add_argument("--only", choices=["g", "h", "i", "m", "n", "ab"], help="run only this figure (ab: (a) and (b) on process and bwrap)")
+    ap.add_argument("--status-calls", type=int, default=1000, help="(n): `status` calls each way, restarting and idle")
+    ap.add_argument("--status-backend", choices=["process", "bwrap"], help="(n): the ten sandboxes' backend (default: bwrap where it works)")
     ap.add_argument("--turns", type=int, default=500)
     ap.add_argument("--runs", type=int, default=50, help="subagent runs per backend (m)")
     a = ap.parse_args()
     logger.remove()
 
     if a.only == "g":
-        results = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "g_messages": await bench_messages(a.messages)}
+        results = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "g_messages": await bench_messages(a.messages, tuple(int(x) for x in a.g_sessions.split(",")))}
         Path(a.out).write_text(json.dumps(results, indent=2))
         print_messages(results["g_messages"])
+        return
+    if a.only == "n":
+        results = {"n_status_while_restarting_ms": bench_status(a.status_calls, a.status_backend or ("process" if bwrap_problem() else "bwrap"))}
+        Path(a.out).write_text(json.dumps(results, indent=2))
+        print_status(results["n_status_while_restarting_ms"])
         return
     if a.only == "i":
         results = {"i_policy_200_tools_ms": bench_policy()}
@@ -710,21 +897,24 @@ async def main() -> None:
     finally:
         echo_proc.kill()
         echo_proc.wait()
-        manager.close()
+        await manager.aclose()
         warden.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     if a.only in ("m", "ab"):
         Path(a.out).write_text(json.dumps(results, indent=2))
         print_table(results)
         return
 
-    results["g_messages"] = await bench_messages(a.messages)
+    results["g_messages"] = await bench_messages(a.messages, tuple(int(x) for x in a.g_sessions.split(",")))
     results["i_policy_200_tools_ms"] = bench_policy()
+    results["n_status_while_restarting_ms"] = bench_status(a.status_calls, a.status_backend or ("process" if bwrap_problem() else "bwrap"))
     Path(a.out).write_text(json.dumps(results, indent=2))
     print_table(results)
     print_messages(results["g_messages"])
     print_turn(results["h_turn_overhead_ms"])
     print_policy(results["i_policy_200_tools_ms"])
     print_docker(results["docker"])
+    print_status(results["n_status_while_restarting_ms"])
     print(f"\nJSON written to {a.out}")
 
 
