@@ -169,6 +169,13 @@ def _user_policy(run_as: str, process_users: dict[str, ChildUser], uids: Sandbox
     return user_for
 
 
+def _core_registry() -> Registry:
+    registry = Registry(reserved=frozenset({*CORE_TOOLS, *SPAWN_TOOLS}))
+    register_core_tools(registry)
+    register_spawn_tools(registry)
+    return registry
+
+
 def _non_dumpable() -> None:
     """Processes of our own user (a plugin on the process backend, anything else the
     operator runs) must not read our memory or environment, where the API keys are:
@@ -189,13 +196,13 @@ async def run_gateway(opts: GatewayOptions) -> int:
     lock = _lock_pidfile(paths)
     try:
         cfg_path = opts.config_path or DEFAULT_CONFIG
-        cfg: ClawsupConfig = load_config(cfg_path)
+        # Reading the config and judging it against the machine (is bwrap usable, does
+        # a docker engine answer, can another uid reach the runtime) probe the machine:
+        # each in a thread, so that the loop stays free for the signals that stop us.
+        cfg: ClawsupConfig = await asyncio.to_thread(load_config, cfg_path)
         if ignored := ignored_keys(cfg):
             logger.warning("config keys clawsup does not use (kept for OpenClaw compatibility): {}", ", ".join(ignored))
-        plans = build_plans(cfg, config_source=str(cfg_path), config_dir=cfg_path.parent, extra_plugins=opts.extra_plugins)
-        # What follows until the control socket listens touches the machine (cgroup
-        # sweeps, the docker engine, the uid record, a probe as another user): each
-        # in a thread, so that the loop stays free for the signals that stop us.
+        plans = await asyncio.to_thread(build_plans, cfg, config_source=str(cfg_path), config_dir=cfg_path.parent, extra_plugins=opts.extra_plugins)
         cgroups = await asyncio.to_thread(CgroupRoot.create)
         if cgroups is None:
             logger.warning(
@@ -203,9 +210,9 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 "(RLIMIT_NPROC does not bind root); give clawsup a delegated cgroup or use the bwrap/docker backends"
             )
         s = cfg.sandbox
-        workspace = settings_from_config(cfg, source=str(cfg_path))
+        workspace = await asyncio.to_thread(settings_from_config, cfg, source=str(cfg_path))
         process_plans = [p for p in plans if p.backend == "process"]
-        run_backend = run_backends(cfg, source=str(cfg_path))
+        run_backend = await asyncio.to_thread(run_backends, cfg, source=str(cfg_path))
         if workspace.backend == "process" or "process" in run_backend.values():
             # Probe for the workspace sandboxes (and runs) too, even if no plugin runs on process.
             process_plans.append(Workspaces(None, workspace).plan_for("workspace"))
@@ -222,9 +229,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
         launchers: dict[str, Launcher] = {
             name: await asyncio.to_thread(make_launcher, name, cgroups=cgroups, state_dir=paths.root, warden=warden) for name in sorted(needed)
         }
-        registry = Registry(reserved=frozenset({*CORE_TOOLS, *SPAWN_TOOLS}))
-        register_core_tools(registry)
-        register_spawn_tools(registry)
+        registry = await asyncio.to_thread(_core_registry)  # compiles the core tools' schemas
         manager = SandboxManager(
             registry=registry,
             launchers=launchers,
