@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import requests
 import docker.errors
 import docker.types
 from loguru import logger
@@ -72,6 +73,8 @@ GATE_NAME = "gate"
 LOG_CONFIG = docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"})
 ENGINE_THREADS = 8
 """Engine calls at once from one launcher (launch steps, kills, stats, removals)."""
+SAMPLE_THREADS = 2
+"""Usage samples at once, apart from the engine calls that launch and kill."""
 USAGE_MAX_AGE_S = 1.0
 """A container's usage sample is taken at most this often, however often status asks."""
 FIRST_SAMPLE_WAIT_S = 2.0
@@ -106,7 +109,8 @@ class ContainerChild:
     supervisor's incarnation, released by `aclose()`."""
 
     def __init__(
-        self, client: docker.DockerClient, container: Any, socket_path: str, output: Any, gate: _Gate, warden: Warden, engine: Executor
+        self, client: docker.DockerClient, container: Any, socket_path: str, output: Any, gate: _Gate, warden: Warden, engine: Executor,
+        sampler: Executor | None = None,
     ) -> None:
         """`output`: the attach stream, made before the container started. Owned by
         the launch until aclose() removes the container, the gate and the warden's
@@ -117,6 +121,9 @@ class ContainerChild:
         self._gate = gate
         self._warden = warden
         self._engine = engine
+        self._sampler = sampler or engine
+        """Usage samples have threads of their own: a slow engine answering stats
+        must not queue a kill behind them."""
         self._name = container.name
         container.reload()
         self.pid = int(container.attrs["State"].get("Pid") or 0)
@@ -211,7 +218,9 @@ class ContainerChild:
         await in_thread(lambda: self._kill(sig), executor=self._engine)
 
     def _kill(self, sig: int | None = None) -> None:
-        with contextlib.suppress(docker.errors.APIError):
+        # An engine that answers with an error, or not at all (requests' connection
+        # errors and timeouts): the container's death is then the warden's to see to.
+        with contextlib.suppress(docker.errors.APIError, requests.exceptions.RequestException):
             if sig is None:
                 self.container.kill()
             else:
@@ -258,7 +267,7 @@ class ContainerChild:
         if now - self._sample_started >= USAGE_MAX_AGE_S and (self._sampling is None or self._sampling.done()):
             self._sample_started = now
             with contextlib.suppress(RuntimeError):  # the launcher's pool is shut down
-                self._sampling = asyncio.get_running_loop().run_in_executor(self._engine, self._take_sample)
+                self._sampling = asyncio.get_running_loop().run_in_executor(self._sampler, self._take_sample)
         if self._sample is None and self._sampling is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(FIRST_SAMPLE_WAIT_S):
@@ -381,6 +390,7 @@ class DockerLauncher:
         self._owns_warden = warden is None
         self._warden = warden or Warden()
         self._engine = ThreadPoolExecutor(ENGINE_THREADS, thread_name_prefix="docker engine")
+        self._sampler = ThreadPoolExecutor(SAMPLE_THREADS, thread_name_prefix="docker stats")
         self.checkpoint: Callable[[str], Awaitable[None]] | None = None
         """Awaited between the steps of a launch with the next step's name
         ("prepare", "create", "attach", "start", "return"): where
@@ -412,11 +422,13 @@ class DockerLauncher:
             await in_thread(start.start, executor=self._engine)
             await self._at("return")
             return await in_thread(start.child, executor=self._engine)
-        except BaseException:
+        except BaseException as e:
             fut = asyncio.get_running_loop().run_in_executor(self._engine, start.undo)
-            await outlast(fut)
+            cancelled = await outlast(fut)
             if not fut.cancelled() and (err := fut.exception()) is not None:
                 logger.opt(exception=err).error("{}: removing container {} after a failed launch failed", spec.sandbox_id, start.name)
+            if cancelled and not isinstance(e, asyncio.CancelledError):
+                raise asyncio.CancelledError() from e  # what the caller must see
             raise
 
     async def _at(self, step: str) -> None:
@@ -428,6 +440,7 @@ class DockerLauncher:
 
     def _close(self) -> None:
         self._engine.shutdown(wait=False, cancel_futures=True)
+        self._sampler.shutdown(wait=False, cancel_futures=True)
         self._client.close()
         if self._owns_warden:
             self._warden.close()
@@ -532,7 +545,7 @@ class _ContainerStart:
         self.container.start()
 
     def child(self) -> ContainerChild:
-        self.result = ContainerChild(self.launcher._client, self.container, self.socket_path, self.output, self.gate, self.launcher._warden, self.launcher._engine)
+        self.result = ContainerChild(self.launcher._client, self.container, self.socket_path, self.output, self.gate, self.launcher._warden, self.launcher._engine, self.launcher._sampler)
         return self.result
 
     def undo(self) -> None:

@@ -152,6 +152,10 @@ class GatePayload:
     """For `plugin`: the only tool names the host may serve (its manifest's contract,
     less names the supervisor will refuse). A registration outside it never leaves
     the host; None (a workspace or subagent host) means the role's own."""
+    subreaper: bool = False
+    """Keep orphans below the host (PR_SET_CHILD_SUBREAPER) and end them at shutdown:
+    set where no cgroup holds the sandbox's processes. A workspace host always is one
+    (its commands' orphans are its to kill)."""
     rlimits: dict[str, int] = field(default_factory=dict)
     """`RLIMIT_*` name -> value (soft = hard). The launcher also sets them from
     outside with prlimit where it may; the child sets them on itself before any

@@ -60,6 +60,8 @@ class ProcessChild:
         self._warden = warden
         self.pid = popen.pid
         self._pidfd = pidfd
+        self._held: list[int] = []
+        """pidfds of descendants, taken before a signal where no cgroup holds them."""
         self.socket_path = socket_path
         self._cgroup = cgroup
         assert popen.stdout is not None and popen.stderr is not None
@@ -116,7 +118,30 @@ class ProcessChild:
         return self._popen.returncode is not None
 
     async def signal_group(self, sig: int) -> None:
+        self._hold_descendants()
         self._signal_group(sig)
+
+    def _hold_descendants(self) -> None:
+        """Without a cgroup, what left the child's group (setsid) is found only as the
+        child's descendants (the host is a subreaper then: its orphans stay below
+        it), and only while the child lives. So before it is signalled each one is
+        held by a pidfd, which names it whoever its parent becomes, and killed with
+        the rest (`_send_kills`)."""
+        if self._cgroup is not None or self.exited or self._closed:
+            return
+        tree = descendants(self.pid)
+        family = {self.pid, *tree}
+        for pid in tree:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            # Still the process listed (not a new one that took a freed number): its
+            # parent is in the tree.
+            if _parent(pid) in family and len(self._held) < MAX_TREE:
+                self._held.append(fd)
+            else:
+                os.close(fd)
 
     def _signal_group(self, sig: int) -> None:
         # The group id is the child's pid (it is a session leader). The number stays
@@ -125,11 +150,18 @@ class ProcessChild:
             os.killpg(self.pid, sig)
 
     def _send_kills(self) -> None:
-        """Two syscalls, no wait: the child by its pidfd, then its group."""
+        """No wait: the child by its pidfd, then its group, then (without a cgroup)
+        the descendants held by pidfd."""
+        self._hold_descendants()
         if not self.exited and not self._closed:
             with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
         self._signal_group(signal.SIGKILL)
+        held, self._held = self._held, []
+        for fd in held:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
 
     async def kill_all(self) -> None:
         self._send_kills()
@@ -185,6 +217,11 @@ class ProcessChild:
                     await asyncio.shield(self.wait())
         self._closed = True
         self._unwatch()
+        for fd in self._held:  # what was held and not killed yet goes with the child
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
+        self._held = []
         if self._exit is not None and not self._exit.done():
             self._exit.set_result(ExitStatus(reason="still running when closed"))
         for f in (self._popen.stdout, self._popen.stderr):
@@ -217,6 +254,15 @@ def _status_of(returncode: int | None) -> ExitStatus:
     if returncode is None:
         return ExitStatus()
     return ExitStatus(code=returncode) if returncode >= 0 else ExitStatus(signal=-returncode)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def descendants(pid: int, limit: int = MAX_TREE) -> list[int]:
@@ -419,7 +465,11 @@ class ProcessLauncher:
             await self._at("return")
             return start.child()
         except BaseException as e:
-            said = await _undo(start)
+            said, cancelled = await _undo(start)
+            if cancelled and not isinstance(e, asyncio.CancelledError):
+                # Cancelled while undoing a failure: the cancellation is what the
+                # caller must see, or its task group would wait for it in vain.
+                raise asyncio.CancelledError() from e
             if said and isinstance(e, Exception):
                 raise OSError(f"the child died while starting: {said.splitlines()[-1]}") from e
             raise
@@ -533,7 +583,9 @@ class _Start:
         # Open the gate: only now may the child go on to load plugin code.
         u = self.spec.run_as
         run_as = (u.uid, u.gid) if u is not None else None
-        payload = dataclasses.replace(self.spec.gate, rlimits=self.rlimits, run_as=run_as).encode()
+        # Without a cgroup, the host keeps what it orphans below itself (a subreaper)
+        # so that its shutdown, or our kill, can still find it (sandbox/host/server.py).
+        payload = dataclasses.replace(self.spec.gate, rlimits=self.rlimits, run_as=run_as, subreaper=self.cgroup is None).encode()
         view = memoryview(payload)
         while view:
             view = view[os.write(self.gate_w, view) :]
@@ -594,18 +646,19 @@ class _Start:
         return said
 
 
-async def _undo(start: _Start) -> str:
-    """Run `start.undo` to its end whatever cancellation arrives meanwhile (the
-    launch re-raises what stopped it)."""
+async def _undo(start: _Start) -> tuple[str, bool]:
+    """Run `start.undo` to its end whatever cancellation arrives meanwhile: (what the
+    child said, whether the caller was cancelled meanwhile). The launch re-raises
+    what stopped it, or that cancellation."""
     loop = asyncio.get_running_loop()
     fut = loop.run_in_executor(None, start.undo)
-    await outlast(fut)
+    cancelled = await outlast(fut)
     if fut.cancelled() or fut.exception() is not None:
         logger.opt(exception=None if fut.cancelled() else fut.exception()).error(
             "{}: cleaning up after a failed launch failed; its cgroup or processes may be left", start.spec.sandbox_id
         )
-        return ""
-    return fut.result()
+        return "", cancelled
+    return fut.result(), cancelled
 
 
 # How deep `_give` descends. Only a child builds a deeper tree; below this its

@@ -14,8 +14,8 @@ from typing import Any
 
 from loguru import logger
 
-from clawsup.v1 import host_pb2 as pb
 from supervisor.errors import ClawsupError
+from supervisor.host_client import ChildReply, ChildRequest
 from supervisor.sandbox_log import SandboxLog
 
 Service = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -52,7 +52,7 @@ def _log(who: Requester, payload: dict[str, Any]) -> dict[str, Any]:
 ALLOWED: dict[str, Callable[[Requester, dict[str, Any]], dict[str, Any]]] = {"log": _log}
 
 
-def answer(who: Requester, req: pb.HostRequest) -> pb.SupervisorMessage | None:
+def answer(who: Requester, req: ChildRequest) -> ChildReply | None:
     """Handle one quick request inline. Returns the reply, or None for
     fire-and-forget (id 0)."""
     handler = ALLOWED.get(req.method)
@@ -61,30 +61,29 @@ def answer(who: Requester, req: pb.HostRequest) -> pb.SupervisorMessage | None:
             allowed = sorted({*ALLOWED, *who.services})
             raise PermissionError(f"plugin {who.plugin_id!r} is not allowed to call {req.method!r}; allowed: {allowed}")
         result = handler(who, _payload(req))
-        reply = pb.SupervisorReply(id=req.id, ok=True, payload_json=json.dumps(result))
+        reply = ChildReply(id=req.id, ok=True, payload_json=json.dumps(result))
     except (PermissionError, ValueError) as e:
         who.log.event(f"refused request {req.method!r} from the plugin: {e}")
-        reply = pb.SupervisorReply(id=req.id, ok=False, error=str(e))
-    return pb.SupervisorMessage(reply=reply) if req.id else None
+        reply = ChildReply(id=req.id, ok=False, error=str(e))
+    return reply if req.id else None
 
 
-async def answer_service(who: Requester, req: pb.HostRequest) -> pb.SupervisorMessage:
+async def answer_service(who: Requester, req: ChildRequest) -> ChildReply:
     """Handle one of the sandbox's services (a model call may take a minute). A
     refusal or a failure is the child's to see; a bug is logged and the child told
     no more than that."""
     try:
         result = await who.services[req.method](_payload(req))
-        reply = pb.SupervisorReply(id=req.id, ok=True, payload_json=json.dumps(result))
+        return ChildReply(id=req.id, ok=True, payload_json=json.dumps(result))
     except (ClawsupError, PermissionError, ValueError) as e:
         who.log.event(f"refused request {req.method!r}: {e}")
-        reply = pb.SupervisorReply(id=req.id, ok=False, error=str(e))
+        return ChildReply(id=req.id, ok=False, error=str(e))
     except Exception as e:
         logger.exception("{}: answering {!r} failed", who.sandbox_id, req.method)
-        reply = pb.SupervisorReply(id=req.id, ok=False, error=f"the supervisor failed to answer {req.method!r} ({type(e).__name__}); see its log")
-    return pb.SupervisorMessage(reply=reply)
+        return ChildReply(id=req.id, ok=False, error=f"the supervisor failed to answer {req.method!r} ({type(e).__name__}); see its log")
 
 
-def _payload(req: pb.HostRequest) -> dict[str, Any]:
+def _payload(req: ChildRequest) -> dict[str, Any]:
     try:
         payload = json.loads(req.payload_json) if req.payload_json else {}
     except json.JSONDecodeError as e:

@@ -155,6 +155,24 @@ def exec_output_bound(cap: int) -> HeadTail:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class ChildRequest:
+    """One request a child sends on its stream (see supervisor/child_requests.py)."""
+
+    id: int
+    """0: fire and forget, no reply."""
+    method: str
+    payload_json: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildReply:
+    id: int
+    ok: bool
+    payload_json: str = ""
+    error: str = ""
+
+
 class ChildStream:
     """The child's long-lived request stream (Connect): the requests it sends, and our
     replies. Errors come out typed, like the client's."""
@@ -172,21 +190,23 @@ class ChildStream:
         if md is None or md.get(HOST_TOKEN_METADATA_KEY) != self._host_token:
             raise HostAuthError("the host's answer lacks its token; refusing it")
 
-    async def requests(self) -> AsyncIterator[Any]:
-        """Each `ChildRequest` the child sends, until it closes the stream."""
+    async def requests(self) -> AsyncIterator[ChildRequest]:
+        """Each request the child sends, until it closes the stream."""
         try:
             while (msg := await self._call.read()) is not grpc.aio.EOF:
                 if msg.HasField("request"):
-                    yield msg.request
+                    r = msg.request
+                    yield ChildRequest(id=r.id, method=r.method, payload_json=r.payload_json)
         except grpc.aio.AioRpcError as e:
             raise _typed(e, "a request on its stream") from None
 
-    async def reply(self, reply: Any) -> None:
+    async def reply(self, reply: ChildReply) -> None:
         """Sends one reply; a stream already gone (the child died) is not an error
         here: the exit watcher reports the death."""
+        message = pb.SupervisorMessage(reply=pb.SupervisorReply(id=reply.id, ok=reply.ok, payload_json=reply.payload_json, error=reply.error))
         async with self._writing:
             with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
-                await self._call.write(reply)
+                await self._call.write(message)
 
     def close(self) -> None:
         self._call.cancel()

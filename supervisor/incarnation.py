@@ -55,6 +55,8 @@ class Incarnation:
         self.tg: asyncio.TaskGroup | None = None
         """The group of this incarnation's own tasks (bring-up, heartbeat, stream,
         kill): it ends when the child has died."""
+        self.closing = False
+        """Set once the child is dead or its block is ending: no call is handed it."""
         self.call_ids = itertools.count(1)
         self.dial_fd: int | None = None
         """An O_PATH descriptor of the child's socket, checked once and dialled as
@@ -63,10 +65,20 @@ class Incarnation:
     def next_call_id(self) -> str:
         return f"{self.number}-{next(self.call_ids)}"
 
+    def declare_dead(self, status: ExitStatus) -> None:
+        """Say how the child ended, then end every call still in flight (each raises
+        CallAborted, and its caller reads `died`). Once; later calls do nothing."""
+        if not self.died.done():
+            self.died.set_result(status)
+        self.closing = True
+        if self.client is not None:
+            self.client.abort_all()
+
     def kill(self, reason: str, *, polite: bool) -> None:
         """Start the kill escalation, once. It runs as a task of the incarnation's
-        group, so a cancelled caller cannot leave a half-killed child; and should the
-        group itself go, `running`'s exit finishes the job."""
+        group, so a cancelled caller cannot leave a half-killed child. Once the group
+        has ended (the block is on its way out, and its exit kills) only the reason
+        is kept."""
         if self.kill_reason is None:
             self.kill_reason = reason
         if self.kill_task is None and not self.died.done() and self.tg is not None:
@@ -94,11 +106,9 @@ class Incarnation:
         """The end of the block: the child dead and swept, every call ended, every
         descriptor closed. Runs to completion even when the block was cancelled."""
         child = self.child
+        self.closing = True
         try:
             if not child.wait().done():
-                if self.kill_task is not None and not self.kill_task.done():
-                    # The escalation under way lost its group; finish it here.
-                    self.kill_task.cancel()
                 if self.kill_reason is None:
                     self.kill_reason = "its supervision ended"
                 self.log.event(f"killing pid {child.pid}: {self.kill_reason}")
@@ -110,8 +120,11 @@ class Incarnation:
             logger.exception("{}: killing pid {} failed; sweeping what is left", self.sandbox_id, child.pid)
             child.kill_all_now()
         finally:
-            if self.client is not None:
-                self.client.abort_all()
+            # Callers still waiting learn how it ended, if nobody said so yet (the
+            # block ended on a failure, not on the child's exit).
+            exited = child.wait()
+            ended = exited.result() if exited.done() and not exited.cancelled() else ExitStatus()
+            self.declare_dead(ExitStatus(code=ended.code, signal=ended.signal, reason=self.kill_reason or ended.reason))
             self.output.close()
             if self.client is not None:
                 with contextlib.suppress(Exception):
@@ -119,7 +132,12 @@ class Incarnation:
             if self.dial_fd is not None:
                 os.close(self.dial_fd)
                 self.dial_fd = None
-            await child.aclose()
+            try:
+                await child.aclose()
+            except Exception:
+                # The child is dead and swept; what could not be released (a cgroup
+                # folder, a container) is named, and the sandbox restarts as usual.
+                logger.exception("{}: releasing pid {} failed", self.sandbox_id, child.pid)
 
 
 @contextlib.asynccontextmanager
@@ -152,6 +170,10 @@ async def uncancellable(work: Awaitable[T]) -> T:
             if task.done():
                 raise
             cancelled = True
+        except BaseException as e:
+            if cancelled:  # the cancellation is not lost behind the failure
+                raise asyncio.CancelledError() from e
+            raise
     if cancelled:
         raise asyncio.CancelledError()
     return result

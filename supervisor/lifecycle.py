@@ -102,9 +102,9 @@ class Lifecycle:
     """When the current incarnation became ready."""
     last_exit: ExitStatus | None = None
     seq: int = 0
+    """Counts transitions, so a waiter can tell a new state from an old one."""
     why: str = ""
     """Why it entered its present state (the last transition's reason), for status."""
-    """Counts transitions, so a waiter can tell a new state from an old one."""
     recent: deque[tuple[int, SandboxState]] = field(default_factory=lambda: deque(maxlen=32))
     """The last transitions, (seq, state entered): a waiter woken after two quick
     ones (crashed, then backoff) still sees the first."""

@@ -175,8 +175,11 @@ class SandboxManager:
                 if task is not None:
                     # Leaving its incarnation kills and reaps whatever is left
                     # (supervisor/incarnation.py), writing to its log on the way.
+                    # Not cut short: that exit is bounded (each kill step has its
+                    # grace), and a log closed under it, or a sandbox of the same id
+                    # started over its cgroup, would be worse than the wait.
                     task.cancel()
-                    await asyncio.wait([task], timeout=DISCARD_SETTLE_S)
+                    await asyncio.wait([task])
             finally:
                 self.registry.reclaim(sb.plan.plugin_id)
                 if self.sandboxes.get(sb.id) is sb:

@@ -20,7 +20,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from loguru import logger
 
@@ -48,6 +48,7 @@ from supervisor.sandbox_log import SandboxLog
 from supervisor.disk_usage import WorkspaceDisk
 
 S = SandboxState
+T = TypeVar("T")
 SETTLED = frozenset({S.READY, S.CRASHED, S.BACKOFF, S.FAILED})
 DESCRIBE_TIMEOUT_S = 5.0
 # The host answers TIMED_OUT itself at the call's timeout; the gRPC deadline leaves it
@@ -230,11 +231,16 @@ class SupervisedSandbox:
                 await self._changed.wait()
 
     async def status(self) -> dict[str, Any]:
-        now = self.lc.clock()
-        inc = self.inc if self.lc.state in ALIVE else None
         # A container's figures come from the engine: sampled off the loop, at most
         # once a second (the launcher's contract), so a status poll never waits on it.
-        container = await inc.child.usage() if inc else None
+        # Taken first; the rest of the row is read after it, in one step, and the
+        # sample dropped if it belongs to a child that has gone meanwhile.
+        sampled = self.inc if self.lc.state in ALIVE else None
+        container = await _quietly(sampled.child.usage(), None) if sampled else None
+        now = self.lc.clock()
+        inc = self.inc if self.lc.state in ALIVE else None
+        if inc is not sampled:
+            container = None
         return {
             "id": self.id,
             "plugin": self.plan.plugin_id,
@@ -315,14 +321,20 @@ class SupervisedSandbox:
                 self.inc = inc
                 self.log.event(f"started pid {inc.child.pid} (backend {self.plan.backend})")
                 exit_future = inc.child.wait()
-                async with asyncio.TaskGroup() as tg:
-                    inc.tg = tg
-                    life = tg.create_task(self._life(inc), name=f"{self.id}#{number} life")
-                    if self.lc.state is S.DRAINING:  # a stop arrived during the launch
-                        inc.kill(self._stop_reason, polite=False)
-                    raw = await asyncio.shield(exit_future)
-                    life.cancel()
-                    return await self._on_death(inc, raw)
+                try:
+                    async with asyncio.TaskGroup() as tg:
+                        inc.tg = tg
+                        life = tg.create_task(self._life(inc), name=f"{self.id}#{number} life")
+                        if self.lc.state is S.DRAINING:  # a stop arrived during the launch
+                            inc.kill(self._stop_reason, polite=False)
+                        raw = await asyncio.shield(exit_future)
+                        life.cancel()
+                        return await self._on_death(inc, raw)
+                finally:
+                    # From here the block's exit kills; a stop or restart meanwhile only
+                    # adds its reason (Incarnation.kill), and no call is handed this child.
+                    inc.tg = None
+                    inc.closing = True
         except LaunchFailed as failed:  # the launch itself failed: counts as a death
             e = failed.__cause__ or failed
             status = ExitStatus(reason=f"launch failed: {e}")
@@ -338,15 +350,14 @@ class SupervisedSandbox:
 
     async def _on_death(self, inc: Incarnation, raw: ExitStatus) -> Ended:
         """The child has exited. Reclaim first, then tell the callers, then the log:
-        the order is what tests/test_faults.py checks."""
-        # Descendants may outlive the leader (a fork that called setsid, a grandchild
-        # still writing); the group and the cgroup go with it.
-        await inc.child.kill_all()
+        the order is what tests/test_faults.py checks. Its descendants are swept
+        after the callers know (a cgroup holding much memory empties slowly)."""
+        inc.closing = True
         load = inc.output.load_error if raw.code == LOAD_ERROR_EXIT and self.lc.state is S.STARTING else None
         if load is not None:
             reason = f"could not load: {load.message}{f' (at {load.where})' if load.where else ''}"
         else:
-            reason = "; ".join(r for r in (inc.kill_reason, await inc.child.diagnose()) if r)
+            reason = "; ".join(r for r in (inc.kill_reason, await _quietly(inc.child.diagnose(), "")) if r)
         status = ExitStatus(code=raw.code, signal=raw.signal, reason=reason)
         gone = self._registry.reclaim(self.plan.plugin_id)
         draining = self.lc.state is S.DRAINING
@@ -357,9 +368,10 @@ class SupervisedSandbox:
             delay = None
         else:
             delay = self.lc.record_death(status)
-        inc.died.set_result(status)
-        if inc.client is not None:
-            inc.client.abort_all()
+        inc.declare_dead(status)
+        # Descendants may outlive the leader (a fork that called setsid, a grandchild
+        # still writing); the group and the cgroup go with it.
+        await _quietly(inc.child.kill_all(), None)
         inc.output.drain()
         tools = f"; withdrew {', '.join(r.name for r in gone)}" if gone else ""
         self.log.event(f"pid {inc.child.pid} {status.describe()}{tools}")
@@ -707,7 +719,14 @@ class SupervisedSandbox:
         try:
             yield
         except CallAborted:
-            raise self._died_error(await asyncio.shield(inc.died)) from None
+            # The incarnation ends every call it aborts by saying how it ended first
+            # (Incarnation.declare_dead); bounded all the same.
+            try:
+                async with asyncio.timeout(DEATH_CONFIRM_S):
+                    status = await asyncio.shield(inc.died)
+            except TimeoutError:
+                raise ToolFailed(tool, self.plan.plugin_id, "transport", "the sandbox went away during the call") from None
+            raise self._died_error(status) from None
         except HostUnreachable as e:
             raise await self._rpc_failure(inc, tool, limit, e) from None
         except HostMisbehaved as e:
@@ -717,7 +736,7 @@ class SupervisedSandbox:
 
     def _ready_incarnation(self) -> Incarnation:
         inc = self.inc
-        if self.lc.state is not S.READY or inc is None or inc.client is None:
+        if self.lc.state is not S.READY or inc is None or inc.client is None or inc.closing:
             detail = f"last exit: {self.lc.last_exit.describe()}" if self.lc.last_exit else ""
             raise SandboxUnavailable(self.id, self.plan.plugin_id, self.lc.state.value, detail)
         return inc
@@ -748,3 +767,14 @@ class SupervisedSandbox:
             inc.kill(f"tool {tool!r} overran its {limit:g} s timeout and could not be interrupted", polite=False)
         after = "the sandbox is stopping" if self._stop_wanted else "the sandbox is being restarted"
         return ToolTimeout(tool, self.plan.plugin_id, self.id, limit, f"the handler could not be interrupted, so {after}")
+
+
+async def _quietly(work: Awaitable[T], fallback: T) -> T:
+    """A backend's answer that may fail (an engine gone away, a cgroup file
+    unreadable): logged, never allowed to turn a child's death into a supervision
+    failure."""
+    try:
+        return await work
+    except Exception as e:
+        logger.opt(exception=e).warning("a sandbox backend call failed: {}", e)
+        return fallback

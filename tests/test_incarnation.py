@@ -22,12 +22,12 @@ import psutil
 import pytest
 from loguru import logger
 
-from supervisor.errors import ClawsupError, SandboxUnavailable
+from supervisor.errors import ClawsupError, SandboxDied, SandboxUnavailable
 from supervisor.gateway import GatewayOptions, run_gateway
 from supervisor.lifecycle import SandboxState, Transition
 from supervisor.manager import SandboxManager
 from supervisor.supervised import SupervisedSandbox
-from tests.conftest import PLUGINS, make_config, wait_gone
+from tests.conftest import PLUGINS, Gateway, make_config, open_paths_wrap, wait_gone
 
 S = SandboxState
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs trusted plugins as the supervisor's user, which the suite does as root")
@@ -143,7 +143,16 @@ async def test_a_supervision_crash_kills_that_child_and_nothing_else(state_dir: 
 
     async def on_ready(manager: SandboxManager) -> None:
         pids = await _spawned(manager)
+        # A call in flight when supervision fails is told its sandbox went away, at
+        # once: not a transport error, not a wait for its own timeout.
+        in_flight = asyncio.create_task(manager.invoke("chaos_sleep", {"seconds": 30}))
+        await _until(lambda: bool(manager.sandboxes["chaos"].inc and manager.sandboxes["chaos"].inc.client and manager.sandboxes["chaos"].inc.client._inflight))
         boom.set()
+        try:
+            async with asyncio.timeout(5):
+                await in_flight
+        except SandboxDied as e:
+            result["in_flight"] = str(e)
         chaos = manager.sandboxes["chaos"]
         await _until(lambda: "supervision failed" in logs.text())
         result["gone"] = await asyncio.to_thread(wait_gone, pids, 5)
@@ -159,6 +168,7 @@ async def test_a_supervision_crash_kills_that_child_and_nothing_else(state_dir: 
     gw = await _gateway(state_dir, on_ready)
     assert await asyncio.wait_for(gw, 60) == 0
     assert result["gone"] == []
+    assert "chaos" in result["in_flight"] and "its supervision ended" in result["in_flight"], result["in_flight"]
     assert not [t for t in result["tools"] if t.startswith("chaos_")]
     assert result["echo"] == "still here"
     assert "chaos" in result.get("error", "")
@@ -224,3 +234,35 @@ async def test_cancelled_during_launch_leaves_nothing(state_dir: Path, logs: Log
     assert result.get("armed"), "the restart's launch never began"
     assert await asyncio.to_thread(lambda: wait_gone(_ours(state_dir), 2)) == []
     assert _ours(state_dir) == []
+
+
+def _without_cgroups() -> list[str]:
+    """The supervisor in a mount namespace where /sys/fs/cgroup is an empty read-only
+    tmpfs: as on a machine that gives clawsup no cgroup."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs -o ro none /sys/fs/cgroup && exec "$@"', "sh", *open_paths_wrap()]
+
+
+@pytest.mark.parametrize("how", ["restart", "restart of a child that ignores SIGTERM", "gateway stop"])
+def test_without_a_cgroup_what_left_the_group_still_goes(how: str, state_dir: Path) -> None:
+    """No cgroup to sweep: a grandchild that called setsid is found as the host's
+    descendant (the host is a subreaper there) and ended, by the host at its
+    shutdown or by the supervisor's kill through a pidfd, on every way out."""
+    cfg = make_config()
+    cfg["plugins"]["load"]["paths"].append(str(PLUGINS / "chaos"))
+    gw = Gateway(state_dir, cfg, [], wrap=_without_cgroups())
+    try:
+        assert "no writable cgroup" in gw.supervisor_log()
+        spawned = [gw.call("chaos_spawn", {"setsid": setsid})["data"]["result"]["pid"] for setsid in (True, False)]
+        host = gw.status("chaos")["pid"]
+        if how == "restart of a child that ignores SIGTERM":
+            assert gw.call("chaos_ignore_sigterm")["ok"]
+            os.kill(host, signal.SIGSTOP)  # nor can it answer the Shutdown RPC
+        if how == "gateway stop":
+            assert gw.stop(timeout=30) == 0
+        else:
+            assert gw.request(op="restart", sandbox="chaos", timeout=30)["ok"]
+            assert gw.call("chaos_ok")["ok"]
+        assert wait_gone([host, *spawned], timeout=10) == []
+    finally:
+        if gw.proc.poll() is None:
+            gw.stop(timeout=30)

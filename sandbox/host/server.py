@@ -288,7 +288,6 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
         workspace = Workspace(os.getcwd(), read_max_bytes=int(w.get("read_max_bytes", 256 * 1024)), protected=list(w.get("protected_paths", [])))
         workspace.register(api)
         runner = ExecRunner(shell=str(w.get("shell", "/bin/sh")), kill_grace_s=float(w.get("kill_grace_s", 2.0)), env=dict(os.environ))
-        become_subreaper()
     elif gate.role == "subagent":
         # An agent loop (RunAgent) and nothing else: no plugin, no tool of its own.
         api = PluginApi(plugin_id=gate.plugin_id, config={}, workspace=Path.cwd())
@@ -393,6 +392,31 @@ def _write(fd: int, text: str) -> None:
         pass
 
 
+def _end_descendants() -> None:
+    """SIGKILL everything below the host, on its way out (a polite shutdown): a
+    process that left our group with setsid is still ours as a subreaper."""
+    todo, seen = [os.getpid()], 0
+    while todo and seen < 4096:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                seen += 1
+                try:
+                    os.kill(kid, signal.SIGKILL)  # unreaped, so the number is still that child
+                except OSError:
+                    pass
+                todo.append(kid)
+
+
 def _keep_streams() -> None:
     """Duplicate stdout and stderr for the host's own use before any plugin code
     runs. The copies are not inherited by anything the host starts."""
@@ -405,13 +429,22 @@ def _keep_streams() -> None:
 
 def run(plugin_dir: str, socket_path: str, gate: GatePayload) -> None:
     _keep_streams()
+    # Where no cgroup holds the sandbox, whatever the plugin starts and orphans,
+    # setsid or not, stays below the host while it lives, so that its shutdown (or
+    # the supervisor's kill, by pidfd) can end it; nothing else could find it. Not
+    # otherwise: a subreaper's orphans stay zombies until it reaps them, and would
+    # count against the cgroup's process limit. The workspace host is always one.
+    if gate.subreaper or gate.role == "workspace":
+        become_subreaper()
     try:
         asyncio.run(serve(Path(plugin_dir), socket_path, gate))
     except SystemExit:
         raise
     except BaseException:
         say(traceback.format_exc())
+        _end_descendants()
         os._exit(3)
+    _end_descendants()
     _flush_plugin_streams()
     # os._exit, not a normal exit: a sync handler stuck in a worker thread would
     # otherwise keep the interpreter alive at its thread-join on shutdown.
