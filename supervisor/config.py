@@ -17,7 +17,7 @@ import json5
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from sandbox.manifest import Backend, RestartRequest, SandboxRequest
+from sandbox.manifest import RestartRequest, SandboxRequest
 from supervisor.errors import ConfigError
 
 BUNDLED_PREFIX = "bundled:"
@@ -371,8 +371,12 @@ class SubagentsConfig(_OpenClaw):
 
     @model_validator(mode="after")
     def _default_within_max(self) -> SubagentsConfig:
-        # Else every spawn that gives no runTimeoutSeconds would be refused.
+        # Else every spawn that gives no runTimeoutSeconds would be refused. A config
+        # that only lowers the maximum takes the default down with it, as exec's does.
         if self.run_timeout_seconds > self.max_run_timeout_seconds:
+            if "run_timeout_seconds" not in self.model_fields_set:
+                self.__dict__["run_timeout_seconds"] = self.max_run_timeout_seconds
+                return self
             raise ValueError(
                 f"runTimeoutSeconds: {_number(self.run_timeout_seconds)} is more than maxRunTimeoutSeconds ({_number(self.max_run_timeout_seconds)})"
             )
@@ -483,6 +487,10 @@ class HttpChannelConfig(_Model):
     token_env: str | None = None
     """Read the token from this environment variable instead (kept out of the file)."""
     account_id: str = "default"
+    max_connections: int = Field(default=256, ge=1, le=65_536)
+    """Connections open at once; past it a new one is closed at once (a token is
+    asked only with a request, so idle connections must not take the gateway's
+    descriptors)."""
 
     @model_validator(mode="after")
     def _needs_token(self) -> HttpChannelConfig:

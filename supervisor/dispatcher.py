@@ -241,6 +241,12 @@ class Dispatcher:
                     _fail(msg, ClawsupError(f"the message could not be stored: {e}"))
                     self._done(lane, msg)
                     continue
+                except BaseException:
+                    # The lane ends (its group failed or is cancelled) with this
+                    # message in hand: refused, and its place in the bus given back,
+                    # never left waiting for an answer that cannot come.
+                    self._refuse(msg, ClawsupError("the session failed; see the supervisor log"))
+                    raise
                 if not msg.accepted.done():
                     msg.accepted.set_result(route)
                 lane.written.put_nowait(item)
@@ -274,15 +280,23 @@ class Dispatcher:
         finally:
             lane.turn = lane.turn_of = None
         if reply is None:
-            await self.store.append(route.session_key, {"role": "system", "text": "turn stopped by /stop", "inReplyTo": msg.id, "ts": time.time()})
+            await self._keep(route, {"role": "system", "text": "turn stopped by /stop", "inReplyTo": msg.id, "ts": time.time()})
             await self._send(msg, route, "stopped.", final=True)
             return
         answer = reply if isinstance(reply, Answer) else Answer(reply)
-        await self.store.append(
-            route.session_key,
+        await self._keep(
+            route,
             {"role": "assistant", "agentId": route.agent_id, "text": answer.text, "inReplyTo": msg.id, "ts": time.time(), "turnS": round(time.monotonic() - t0, 4), **answer.record},
         )
         await self._send(msg, route, answer.text, final=True)
+
+    async def _keep(self, route: Route, record: dict[str, Any]) -> None:
+        """A turn's outcome into its session. A store that fails (a full disk) costs
+        the record, said in the log, not the reply nor the session's lane."""
+        try:
+            await self.store.append(route.session_key, record)
+        except OSError as e:
+            logger.error("{}: cannot write the session, the {} record is lost: {}", route.session_key, record.get("role"), e)
 
     async def _stop(self, msg: InboundMessage, route: Route) -> None:
         lane = self._lanes.get(route.session_key)

@@ -303,7 +303,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
                     await opts.on_ready(manager)
         finally:
             await control.close()
-            messaging.close()
+            await messaging.aclose()
             await manager.aclose()
             await warden.aclose()
             for sig in (signal.SIGINT, signal.SIGTERM):

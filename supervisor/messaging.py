@@ -52,7 +52,7 @@ class Messaging:
             token = h.token or os.environ.get(h.token_env or "", "")
             if len(token) < 16:
                 raise ConfigError(source, [f"channels.http.tokenEnv: ${h.token_env} is unset or shorter than 16 characters"])
-            channels["http"] = HttpChannel(bus, host=h.host, port=h.port, token=token, account_id=h.account_id, port_file=paths.run / "http.port")
+            channels["http"] = HttpChannel(bus, host=h.host, port=h.port, token=token, account_id=h.account_id, port_file=paths.run / "http.port", max_connections=h.max_connections)
         dispatcher = Dispatcher(
             bus=bus, router=Router(cfg), store=store, agent=agent(store) if agent else PlaceholderAgent(), channels=channels, session_queue=cfg.bus.session_queue
         )
@@ -70,5 +70,5 @@ class Messaging:
             for t in tasks:
                 t.cancel()
 
-    def close(self) -> None:
-        self.store.close()
+    async def aclose(self) -> None:
+        await self.store.aclose()

@@ -35,6 +35,8 @@ from typing import Any
 
 from loguru import logger
 
+from sandbox.launcher import cleanup_in_thread, outlast
+
 TAIL_SCAN = 1024 * 1024
 """How far from the end a torn line is looked for (a record is far smaller)."""
 MAX_OPEN_FILES = 64
@@ -79,7 +81,7 @@ class SessionStore:
             _write_all(fd, line)
             if self.fsync == "always":
                 # Off the loop: a disk flush takes milliseconds, other sessions go on.
-                await asyncio.to_thread(os.fsync, fd)
+                await _fsync(fd)
             elif self.fsync == "interval":
                 self._dirty.add(key)
         finally:
@@ -150,7 +152,7 @@ class SessionStore:
             self._pins[key] = self._pins.get(key, 0) + 1
             try:
                 with contextlib.suppress(OSError):
-                    await asyncio.to_thread(os.fsync, fd)
+                    await _fsync(fd)
             finally:
                 self._unpin(key)
 
@@ -170,6 +172,21 @@ class SessionStore:
             os.close(fd)
         self._fds.clear()
         self._dirty.clear()
+
+    async def aclose(self) -> None:
+        """`close`, in a thread: at shutdown it forces up to `max_open` files to disk."""
+        await cleanup_in_thread(self.close)
+
+
+async def _fsync(fd: int) -> None:
+    """`os.fsync` in a thread, waited for to its end even if the caller is cancelled
+    (a /stop during the write): the caller's pin on the file must outlive the thread
+    using its descriptor, or the file could be closed, and its number reused, under
+    it. The cancellation is raised afterwards."""
+    fut = asyncio.get_running_loop().run_in_executor(None, os.fsync, fd)
+    if await outlast(fut):
+        raise asyncio.CancelledError()
+    fut.result()
 
 
 def read_session(path: Path, max_bytes: int | None = None) -> list[dict[str, Any]]:
@@ -226,10 +243,18 @@ def _cut_torn_tail(fd: int, path: Path) -> None:
     size = os.fstat(fd).st_size
     if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
         return
-    start = max(0, size - TAIL_SCAN)
-    tail = os.pread(fd, size - start, start)
-    cut = tail.rfind(b"\n")
-    keep = start + cut + 1 if cut >= 0 else 0
+    # Back from the end a piece at a time until the last whole line's newline: a
+    # torn record may be longer than one piece (a tool result of megabytes), and
+    # the whole records before it are the session's history.
+    keep = 0
+    end = size
+    while end > 0:
+        start = max(0, end - TAIL_SCAN)
+        cut = os.pread(fd, end - start, start).rfind(b"\n")
+        if cut >= 0:
+            keep = start + cut + 1
+            break
+        end = start
     torn = os.pread(fd, size - keep, keep)
     aside = path.with_name(f"{path.name}.torn-{time.strftime('%Y%m%dT%H%M%S')}")
     aside.write_bytes(torn)

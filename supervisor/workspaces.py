@@ -139,6 +139,10 @@ class WorkspaceSettings:
     said at start and in `clawsup status`; empty when they are isolated."""
 
 
+SESSION_SANDBOX = re.compile(r"workspace-.+-s[0-9a-f]{12}")
+"""The ids `workspace_sandbox_id` gives a session's own workspace sandbox."""
+
+
 def workspace_sandbox_id(scope: str, agent: str, session: str | None) -> str:
     if scope == "shared":
         return "workspace"
@@ -242,7 +246,9 @@ class Workspaces:
         """The caller's workspace sandbox, started if need be, held for the block:
         it is not idle while a call runs in it."""
         sid = self.sandbox_id(agent, session, pinned)
-        use = await self._enter(sid, start_timeout, idle_stops=pinned is None and self.settings.scope == "session")
+        # By the sandbox, not the caller: a subagent run that inherits its session's
+        # workspace must not make that workspace exempt from the idle discard.
+        use = await self._enter(sid, start_timeout, idle_stops=self.settings.scope == "session" and SESSION_SANDBOX.fullmatch(sid) is not None)
         try:
             yield await self._started(sid, start_timeout)
         finally:

@@ -242,10 +242,13 @@ def test_a_number_in_the_wrong_unit_is_caught() -> None:
         parse_config("{sandbox: {stopGraceSeconds: Infinity}}", "c")
 
 
-def test_a_default_run_timeout_past_the_maximum_is_refused() -> None:
+def test_a_run_timeout_past_the_maximum_is_refused_and_the_default_follows_it_down() -> None:
     # Else every spawn that gives no runTimeoutSeconds would be refused at run time.
-    with pytest.raises(ConfigError, match=r"agents\.defaults\.subagents: runTimeoutSeconds: 600 is more than maxRunTimeoutSeconds \(300\)"):
-        parse_config("{agents: {defaults: {subagents: {maxRunTimeoutSeconds: 300}}}}", "c")
+    with pytest.raises(ConfigError, match=r"agents\.defaults\.subagents: runTimeoutSeconds: 400 is more than maxRunTimeoutSeconds \(300\)"):
+        parse_config("{agents: {defaults: {subagents: {maxRunTimeoutSeconds: 300, runTimeoutSeconds: 400}}}}", "c")
+    # A config that only lowers the maximum is a sane one: the default comes down.
+    cfg = parse_config("{agents: {defaults: {subagents: {maxRunTimeoutSeconds: 300}}}}", "c")
+    assert cfg.agents.defaults.subagents.run_timeout_seconds == 300
 
 
 def _unbounded(model: type[BaseModel], path: str = "") -> list[str]:

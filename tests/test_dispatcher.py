@@ -217,3 +217,37 @@ async def test_watches_leave_nothing_behind_and_a_slow_one_holds_a_bounded_backl
             await conv.deliver(OutboundMessage(target=targets[0], text=f"r{i}", session_key="s", agent_id="main", in_reply_to=f"m{i}"))
         assert q.qsize() == WATCH_BACKLOG
         assert q.get_nowait().text == f"r{WATCH_BACKLOG * 2}"  # the newest kept, the oldest dropped
+
+
+class FailingStore(SessionStore):
+    """A store whose disk fills up for the turns' answers (the assistant record)."""
+
+    async def append(self, key: str, record: dict) -> None:  # type: ignore[override]
+        if record.get("role") == "assistant":
+            raise OSError(28, "No space left on device")
+        await super().append(key, record)
+
+
+async def test_a_store_that_fails_for_an_answer_costs_the_record_not_the_session(tmp_path: Path) -> None:
+    """A full disk when the answer is kept: the reply still goes out, the messages
+    queued behind it are still answered, and nothing stays held in the bus (a lane
+    that failed here used to leak the message it was writing, for good)."""
+    cfg = ClawsupConfig.model_validate({"session": {"dmScope": "per-peer"}})
+    bus = MessageBus(inbound_capacity=10)
+    chan = Collect()
+    d = Dispatcher(bus=bus, router=Router(cfg), store=FailingStore(tmp_path, fsync="never"), agent=PlaceholderAgent(), channels={"test": chan})
+    async with asyncio.TaskGroup() as tg:
+        run = tg.create_task(d.run())
+        msgs = [message("a", f"n{i}") for i in range(3)]
+        for m in msgs:
+            await bus.submit(m)
+        for m in msgs:
+            assert (await chan.final_for(m)).endswith(m.text)
+        await asyncio.wait_for(_until_no_lanes(d), 5)
+        assert bus.held == 0
+        run.cancel()
+
+
+async def _until_no_lanes(d: Dispatcher) -> None:
+    while d.lanes():
+        await asyncio.sleep(0.01)

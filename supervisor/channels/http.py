@@ -45,6 +45,14 @@ MAX_BODY = 1024 * 1024
 KEEPALIVE_S = 15.0
 
 
+class _Refused(asyncio.Protocol):
+    """A connection past `channels.http.maxConnections`: closed as it comes."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()
+KEEPALIVE_S = 15.0
+
+
 class _PeerIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: str = Field(pattern=r"^(?i:direct|dm|group|channel)$")
@@ -66,8 +74,9 @@ class MessageIn(BaseModel):
 class HttpChannel:
     name = NAME
 
-    def __init__(self, bus: MessageBus, *, host: str, port: int, token: str, account_id: str, port_file: Path) -> None:
+    def __init__(self, bus: MessageBus, *, host: str, port: int, token: str, account_id: str, port_file: Path, max_connections: int = 256) -> None:
         self.conversations = Conversations(bus)
+        self._max_connections = max_connections
         self._host, self._port, self._token = host, port, token.encode()
         self._account = account_id
         self._port_file = port_file
@@ -82,21 +91,34 @@ class HttpChannel:
         app.router.add_post("/v1/messages", self._message)
         app.router.add_get("/v1/events", self._events)
         # Open streams are ended by close_all below; what is left gets a short grace.
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        # An idle keep-alive connection is closed after KEEPALIVE_S, not aiohttp's hour.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, keepalive_timeout=KEEPALIVE_S)
         await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port)
+        server = runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            # Anyone on the machine may connect before any token is asked: past the
+            # cap a connection is closed at once, so that idle ones cannot take the
+            # descriptors the gateway needs for its sandboxes
+            # (tests/test_hostile_bounds.py).
+            if len(server.connections) >= self._max_connections:
+                return _Refused()
+            return server()
+
         try:
-            await site.start()
+            listener = await asyncio.get_running_loop().create_server(protocol, self._host, self._port)
         except OSError as e:
             await runner.cleanup()
             raise ClawsupError(f"channels.http: cannot listen on {self._host}:{self._port}: {e.strerror or e}") from None
         try:
-            self.port = runner.addresses[0][1]
+            self.port = listener.sockets[0].getsockname()[1]
             self._port_file.write_text(f"{self.port}\n")
             logger.info("http channel on http://{}:{}/v1/messages", self._host, self.port)
             self.started.set()
             await asyncio.Event().wait()  # until cancelled
         finally:
+            listener.close()
             self.conversations.close_all(SHUTTING_DOWN)
             await runner.cleanup()
 
