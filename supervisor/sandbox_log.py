@@ -28,9 +28,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
+from loguru import logger
+
 from supervisor.printable import printable
 
 MAX_LINE = 16 * 1024
+LINE_COST = 36
+"""What a line costs beyond its text: its timestamp, stream tag and newline. Charged
+to the budget, so that a flood of empty lines is held to it too."""
 ROTATE_BYTES = 5 * 1024 * 1024
 KEEP_ROTATED = 3
 # Disk budget per sandbox. A flood beyond it is dropped with a note, so that one child
@@ -66,6 +71,24 @@ class LineSplitter:
                 yield line.decode("utf-8", "replace"), True
             else:
                 return
+
+    def skip(self, data: bytes, keep_last: int = 0) -> tuple[int, list[str]]:
+        """Consume `data` as `feed` would, without making its lines: (how many lines
+        it ended, the last `keep_last` of them). For a flood past the budget."""
+        last_nl = data.rfind(b"\n")
+        n = 0
+        kept: list[str] = []
+        if last_nl >= 0:
+            n = data.count(b"\n")
+            if keep_last:
+                kept = [x.decode("utf-8", "replace").rstrip("\r")[: self._max] for x in data[:last_nl].rsplit(b"\n", keep_last)[-keep_last:]]
+            self._buf = bytearray(data[last_nl + 1 :])
+        else:
+            self._buf += data
+        while len(self._buf) >= self._max:  # a run with no newline comes in pieces
+            del self._buf[: self._max]
+            n += 1
+        return n, kept
 
     def flush(self) -> Iterator[tuple[str, bool]]:
         if self._buf:
@@ -169,7 +192,7 @@ class SandboxLog:
         # Lines past the budget are dropped before they are escaped: in a flood that
         # is nearly all of them (tests/test_faults.py::test_output_flood...). The
         # raw length decides; what escaping adds is charged after.
-        if stream != "clawsup" and not self._within_budget(len(text)):
+        if stream != "clawsup" and not self._within_budget(len(text) + LINE_COST):
             return
         shown = printable(text)
         if stream != "clawsup":
@@ -194,6 +217,20 @@ class SandboxLog:
         self._end_window(time.monotonic())
         self.flush()
 
+    def spent(self) -> bool:
+        """Whether this second's budget is used up (a flood): the next lines would
+        be dropped anyway."""
+        return self._window_bytes >= self._budget and time.monotonic() - self._window_start < 1.0
+
+    def drop(self, stream: str, lines: int, last: list[str]) -> None:
+        """`lines` lines of `stream` dropped unread past the budget (see `spent`);
+        `last`, the last of them, still go to the stderr tail for a crash report."""
+        if stream == "stderr":
+            self._stderr_tail.extend(last)
+        if lines and not self._dropped:
+            self._arm_window_timer(time.monotonic())
+        self._dropped += lines
+
     def _within_budget(self, n: int) -> bool:
         now = time.monotonic()
         if now - self._window_start >= 1.0:
@@ -202,6 +239,7 @@ class SandboxLog:
             if not self._dropped:
                 self._arm_window_timer(now)
             self._dropped += 1
+            self._window_bytes = self._budget  # spent: the rest of this second is dropped
             return False
         self._window_bytes += n
         return True
@@ -232,6 +270,11 @@ class SandboxLog:
         self._window_bytes = 0
 
     def _emit(self, line: str) -> None:
+        if self._f.closed:
+            # A discarded sandbox's log, written by the last of its clean-up: the
+            # line goes to the supervisor's own log instead of failing that clean-up.
+            logger.info("{}: {}", self.path.stem, line.rstrip("\n"))
+            return
         data = line.encode()
         self._f.write(data)
         self._size += len(data)
@@ -241,7 +284,8 @@ class SandboxLog:
             self._rotate()
 
     def flush(self) -> None:
-        self._f.flush()
+        if not self._f.closed:
+            self._f.flush()
 
     def _rotate(self) -> None:
         self._f.close()

@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from supervisor.child_output import ChildOutput
-from supervisor.sandbox_log import LineSplitter, SandboxLog, Skipped, read_tail, tail_lines
+from supervisor.sandbox_log import LINE_COST, LineSplitter, SandboxLog, Skipped, read_tail, tail_lines
 
 
 def test_splitter_cuts_long_lines_and_keeps_memory_bounded() -> None:
@@ -40,7 +40,8 @@ def test_log_rotates_by_size(tmp_path: Path) -> None:
 
 
 def test_flood_over_budget_is_dropped_and_counted(tmp_path: Path) -> None:
-    log = SandboxLog(tmp_path / "p.log", budget_bytes_per_s=1000)
+    # A line costs its text and what the log adds to it (LINE_COST).
+    log = SandboxLog(tmp_path / "p.log", budget_bytes_per_s=10 * (100 + LINE_COST))
     for _ in range(100):
         log.write("stdout", "y" * 100)
     log.event("clawsup events are never dropped")
@@ -49,7 +50,35 @@ def test_flood_over_budget_is_dropped_and_counted(tmp_path: Path) -> None:
     assert text.count("y" * 100) == 10
     assert "clawsup events are never dropped" in text
     # With no loop for a timer, the count is written at close at the latest.
-    assert text.rstrip("\n").endswith("[clawsup] dropped 90 line(s): output over 0 KiB/s")
+    assert text.rstrip("\n").endswith("[clawsup] dropped 90 line(s): output over 1 KiB/s")
+
+
+def test_a_flood_of_empty_lines_is_held_to_the_budget(tmp_path: Path) -> None:
+    """An empty line has no text, but its timestamp and tag are written all the same:
+    it is charged for them, or a flood of newlines would pass any budget."""
+    log = SandboxLog(tmp_path / "p.log", budget_bytes_per_s=10 * LINE_COST)
+    for _ in range(10_000):
+        log.write("stdout", "")
+    log.close()
+    lines = (tmp_path / "p.log").read_text().splitlines()
+    assert len(lines) == 11 and lines[-1].endswith("dropped 9990 line(s): output over 0 KiB/s")
+
+
+def test_a_flood_past_the_budget_is_counted_without_being_split(tmp_path: Path) -> None:
+    """Once a second's budget is spent, a read's lines are counted in bulk (no line
+    made one by one), the same count the line-by-line path gives, and the stderr
+    tail still holds the last lines for a crash report."""
+    log = SandboxLog(tmp_path / "p.log", budget_bytes_per_s=10 * (5 + LINE_COST))
+    splitter = LineSplitter()
+    for line, cut in splitter.feed(b"".join(b"line%d\n" % i for i in range(10))):
+        log.write("stderr", line, cut=cut)
+    assert log.spent()
+    log.drop("stderr", *splitter.skip(b"".join(b"more%04d\n" % i for i in range(5000)) + b"partial", 5))
+    assert log.stderr_tail[-5:] == ["more4995", "more4996", "more4997", "more4998", "more4999"]
+    for line, cut in splitter.flush():
+        assert line == "partial"
+    log.close()
+    assert (tmp_path / "p.log").read_text().rstrip("\n").endswith("dropped 5000 line(s): output over 0 KiB/s")
 
 
 def test_stderr_tail_keeps_last_lines(tmp_path: Path) -> None:
@@ -146,7 +175,7 @@ async def test_a_follower_that_falls_behind_gets_each_line_or_a_count_in_its_pla
 
 
 async def test_a_floods_count_is_written_when_its_second_is_over_with_no_line_after_it(tmp_path: Path) -> None:
-    log = SandboxLog(tmp_path / "p.log", budget_bytes_per_s=1000)
+    log = SandboxLog(tmp_path / "p.log", budget_bytes_per_s=10 * (100 + LINE_COST))
     for _ in range(100):
         log.write("stdout", "y" * 100)
     flood_end = time.time()
@@ -154,7 +183,7 @@ async def test_a_floods_count_is_written_when_its_second_is_over_with_no_line_af
     async with asyncio.timeout(3):
         [note] = await follower.take(10**6)
     log.close()
-    assert note.endswith(" [clawsup] dropped 90 line(s): output over 0 KiB/s\n")
+    assert note.endswith(" [clawsup] dropped 90 line(s): output over 1 KiB/s\n")
     assert datetime.fromisoformat(note.split(" ")[0].replace("Z", "+00:00")).timestamp() - flood_end < 1.2
     # On disk once written: a reader of the file need not wait for the next line.
     assert (tmp_path / "p.log").read_text().endswith(note)
