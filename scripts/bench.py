@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -422,8 +423,9 @@ def print_messages(g: dict[str, Any]) -> None:
 
 
 async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, Any]:
-    """A turn = read the session, policy, offline model, one echo call, model again,
-    store; through AgentLoop.turn as the dispatcher calls it. The echo call alone is
+    """A turn = the session's history (read from its file on a session's first turn,
+    kept in memory after), policy, offline model, one echo call, model again, store;
+    through AgentLoop.turn as the dispatcher calls it. The echo call alone is
     measured in interleaved blocks and subtracted (medians)."""
     from supervisor.agent_loop import AgentLoop
     from supervisor.bus import InboundMessage, ReplyTarget
@@ -440,14 +442,14 @@ async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, An
         return None
 
     async def one_turn(i: int) -> None:
+        # A new session every 20 turns keeps the history short, as a fresh session's
+        # would be (the agent loop keeps it in memory, so the file is read once).
+        at = dataclasses.replace(route, session_key=f"{route.session_key}-{i // 20}")
         msg = InboundMessage(source=RouteInput(channel="cli", peer=peer), text='/tool echo {"text": "x"}', reply_to=ReplyTarget(channel="cli", account_id="default", peer=peer))
-        await store.append(route.session_key, {"role": "user", "id": msg.id, "text": msg.text})
-        out = (await loop.turn(route, msg, nothing)).text
+        await store.append(at.session_key, {"role": "user", "id": msg.id, "text": msg.text})
+        out = (await loop.turn(at, msg, nothing)).text
         assert out == "echo returned: x", out
-        await store.append(route.session_key, {"role": "assistant", "text": out, "inReplyTo": msg.id})
-        if i % 20 == 19:  # keep the history short, as a fresh session's would be
-            store.path(route.session_key).unlink()
-            store.close()
+        await store.append(at.session_key, {"role": "assistant", "text": out, "inReplyTo": msg.id})
 
     turns, tool = [], []
     block = max(n // 10, 1)
