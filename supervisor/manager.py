@@ -19,7 +19,7 @@ from typing import Any
 from loguru import logger
 
 from sandbox.launcher import ChildUser, Launcher, MiB
-from supervisor.arguments import check_arguments
+from supervisor.arguments import check_arguments_async
 from supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound, UnknownSandbox
 from supervisor.lifecycle import SandboxState
 from supervisor.paths import StatePaths
@@ -256,9 +256,9 @@ class SandboxManager:
                 raise ToolFailed(name, reg.owner, "not_routable", "it acts for a session, so only an agent turn can call it")
             if self.workspaces is None:
                 raise ToolFailed(name, reg.owner, "not_routable", "this core tool has no sandbox to run in")
-            check_arguments(reg, args)
+            await check_arguments_async(reg, args)
             return await self.workspaces.call(name, args, agent=agent, session=session, sandbox_id=workspace, timeout=timeout, on_output=on_output)
-        check_arguments(reg, args)  # before dispatch: a call that does not fit never reaches its handler
+        await check_arguments_async(reg, args)  # before dispatch: a call that does not fit never reaches its handler
         sb = self.sandboxes[reg.sandbox_id]
         args_json = args if isinstance(args, str) else json.dumps(args)
         return await sb.invoke(name, args_json, timeout)

@@ -14,9 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import referencing
-import referencing.exceptions
 from loguru import logger
 
 from sandbox.backends import backend_problem, first_isolating
@@ -26,6 +23,7 @@ from supervisor.config import ClawsupConfig, PluginEntry, resolve_plugin_path
 from supervisor.errors import ConfigError
 from supervisor.lifecycle import RestartPolicy
 from supervisor.names import reserved_reason
+from supervisor.schemas import CHECK_BUDGET_S, CheckTooCostly, SchemaRefused, compile_schema, outside_refs
 from supervisor.supervised import SandboxPlan
 
 AVAILABLE_BACKENDS = frozenset({"process", "bwrap", "docker"})
@@ -40,6 +38,8 @@ LIMIT_FIELDS = (
 # floor on the restart period is computed (see `restart_policy`).
 CRASH_ALLOWANCE_S = 2.0
 MIN_PERIOD_S = 10.0
+# Problems of one plugin's config named, at most.
+MAX_CONFIG_PROBLEMS = 20
 
 
 def build_plans(
@@ -93,45 +93,32 @@ def build_plans(
 def _check_plugin_config(manifest: Manifest, config: dict[str, Any]) -> list[str]:
     """The operator's config against the manifest's configSchema. The schema is data
     from the plugin: a `$ref` resolves inside it or not at all, never over the
-    network or from a file (a remote `$ref` once made the gateway hang at start)."""
+    network or from a file (a remote `$ref` once made the gateway hang at start);
+    and it is compiled and checked with the bounds of a tool's input schema
+    (supervisor/schemas.py), so that it cannot stop or stall the gateway's start
+    (a pattern `re` cannot compile, `$ref`s that double at each step)."""
     schema = manifest.config_schema
     assert schema is not None
-    outside = sorted(_outside_refs(schema))
+    outside = sorted(outside_refs(schema))
     if outside:
-        return [f"plugin {manifest.id!r}: its configSchema refers outside the manifest ({', '.join(repr(r) for r in outside[:3])}); only local references such as '#/$defs/x' are followed"]
-    validator_cls = jsonschema.validators.validator_for(schema)
+        return [f"plugin {manifest.id!r}: its configSchema refers outside the manifest ({', '.join(repr(r[:100]) for r in outside[:3])}); only local references such as '#/$defs/x' are followed"]
     try:
-        validator_cls.check_schema(schema)
-    except jsonschema.SchemaError as e:
-        return [f"plugin {manifest.id!r}: its configSchema is not a valid JSON Schema: {e.message}"]
-    registry: referencing.Registry[Any] = referencing.Registry(retrieve=_refuse_retrieval)
+        check = compile_schema(schema)
+    except SchemaRefused as e:
+        return [f"plugin {manifest.id!r}: its configSchema {e}"]
+    try:
+        errors = check.errors(config, budget_s=CHECK_BUDGET_S, limit=MAX_CONFIG_PROBLEMS)
+    except CheckTooCostly:
+        return [f"plugin {manifest.id!r}: its configSchema took more than {CHECK_BUDGET_S:g} s to check the config and was stopped; the schema is too costly to check (tell the plugin's author)"]
+    except RecursionError:
+        return [f"plugins.entries.{manifest.id}.config: nested too deeply to check"]
+    except Exception as e:  # noqa: BLE001 - whatever the plugin's schema makes jsonschema raise is the schema's fault
+        return [f"plugin {manifest.id!r}: its configSchema could not be checked ({type(e).__name__}: {str(e)[:200]})"]
     out = []
-    try:
-        for err in validator_cls(schema, registry=registry).iter_errors(config):
-            path = ".".join(str(p) for p in err.absolute_path)
-            out.append(f"plugins.entries.{manifest.id}.config{'.' + path if path else ''}: {err.message}")
-    except referencing.exceptions.Unresolvable as e:
-        return [f"plugin {manifest.id!r}: its configSchema has a reference that does not resolve inside it: {e}"]
+    for err in errors:
+        path = ".".join(str(p) for p in err.absolute_path)
+        out.append(f"plugins.entries.{manifest.id}.config{'.' + path if path else ''}: {err.message[:300]}")
     return out
-
-
-def _refuse_retrieval(uri: str) -> referencing.Resource[Any]:
-    raise referencing.exceptions.NoSuchResource(ref=uri)
-
-
-def _outside_refs(node: Any) -> set[str]:
-    """Every `$ref`/`$dynamicRef` that does not point inside the schema itself."""
-    found: set[str] = set()
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k in ("$ref", "$dynamicRef", "$recursiveRef") and isinstance(v, str) and not v.startswith("#"):
-                found.add(v)
-            else:
-                found |= _outside_refs(v)
-    elif isinstance(node, list):
-        for v in node:
-            found |= _outside_refs(v)
-    return found
 
 
 def _operator_grant(cfg: ClawsupConfig, entry: PluginEntry) -> tuple[SandboxRequest, str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from loguru import logger
 
-from supervisor.arguments import ArgumentsCheck, SchemaRefused, compile_arguments
+from supervisor.schemas import CompiledSchema, SchemaRefused, compile_schema, compile_schemas_off_loop
 from supervisor.errors import RegistrationRefused
 
 CORE_OWNER = "core"
@@ -24,6 +24,9 @@ CORE_OWNER = "core"
 # (tests/test_trust.py::test_oversized_metadata_is_refused).
 MAX_DESCRIPTION_CHARS = 4096
 MAX_SCHEMA_BYTES = 32 * 1024
+# What one plugin's input schemas may weigh in all: compiling them (0.3 s for 31 KB)
+# is what a start of the plugin costs the supervisor, at every restart.
+MAX_PLUGIN_SCHEMA_BYTES = 512 * 1024
 
 
 class Kind(enum.Enum):
@@ -43,9 +46,10 @@ class Registration:
     """The sandbox that serves it; None for core registrations."""
     description: str = ""
     input_schema: dict[str, Any] = field(default_factory=dict)
-    arguments: ArgumentsCheck | None = field(default=None, compare=False, repr=False)
-    """`input_schema` compiled, set by `Registry.register` for a tool: what every call's
-    arguments are checked against (supervisor/arguments.py)."""
+    arguments: CompiledSchema | None = field(default=None, compare=False, repr=False)
+    """`input_schema` compiled: what every call's arguments are checked against
+    (supervisor/arguments.py). Set by `Registry.register` for a tool, or before it, off
+    the loop, by `with_compiled_schemas`."""
 
 
 @dataclass
@@ -76,34 +80,46 @@ class Registry:
         another owner. What a plugin's host is allowed to serve at all."""
         return sorted(n for n in names if n not in self.reserved and self._claims.get((kind, n), owner) == owner)
 
-    def register(self, reg: Registration, *, declared: frozenset[str] | None = None) -> Registration:
-        """Add one registration or raise `RegistrationRefused` (which the caller logs;
-        the owner's other registrations are unaffected). `declared` is the manifest's
-        contract for this kind; None means the owner is core and needs none."""
+    def refusal(self, reg: Registration, *, declared: frozenset[str] | None = None) -> str | None:
+        """Why `reg` may not be registered, judged without compiling its schema; None
+        if it may. `declared` is the manifest's contract for this kind; None means the
+        owner is core and needs none."""
         if declared is not None and reg.name not in declared:
-            raise RegistrationRefused(reg.owner, reg.name, f"its manifest does not declare it in contracts.{reg.kind.value}s")
+            return f"its manifest does not declare it in contracts.{reg.kind.value}s"
         if reg.owner != CORE_OWNER and reg.name in self.reserved:
-            raise RegistrationRefused(reg.owner, reg.name, "the name belongs to a core tool")
+            return "the name belongs to a core tool"
         if len(reg.description) > MAX_DESCRIPTION_CHARS:
-            raise RegistrationRefused(reg.owner, reg.name, f"its description has {len(reg.description)} characters; the most is {MAX_DESCRIPTION_CHARS}")
+            return f"its description has {len(reg.description)} characters; the most is {MAX_DESCRIPTION_CHARS}"
         try:
             schema_size = len(json.dumps(reg.input_schema))
         except RecursionError:
-            raise RegistrationRefused(reg.owner, reg.name, "its input schema is nested too deeply to check") from None
+            return "its input schema is nested too deeply to check"
+        except (TypeError, ValueError) as e:
+            return f"its input schema is not JSON ({e})"
         if schema_size > MAX_SCHEMA_BYTES:
-            raise RegistrationRefused(reg.owner, reg.name, f"its input schema is {schema_size} bytes of JSON; the most is {MAX_SCHEMA_BYTES}")
+            return f"its input schema is {schema_size} bytes of JSON; the most is {MAX_SCHEMA_BYTES}"
         if not isinstance(reg.input_schema, dict) or reg.input_schema.get("type", "object") != "object":
-            raise RegistrationRefused(reg.owner, reg.name, 'its input schema must be a JSON Schema object with "type": "object"')
+            return 'its input schema must be a JSON Schema object with "type": "object"'
         held = self._by_key.get((reg.kind, reg.name))
         if held is not None and held.owner != reg.owner:
-            raise RegistrationRefused(reg.owner, reg.name, f"plugin {held.owner!r} already holds it")
+            return f"plugin {held.owner!r} already holds it"
         claimant = self._claims.get((reg.kind, reg.name), reg.owner)
         if claimant != reg.owner:
-            raise RegistrationRefused(reg.owner, reg.name, f"plugin {claimant!r} already holds it (loaded first)")
-        if reg.kind is Kind.TOOL:
+            return f"plugin {claimant!r} already holds it (loaded first)"
+        return None
+
+    def register(self, reg: Registration, *, declared: frozenset[str] | None = None) -> Registration:
+        """Add one registration or raise `RegistrationRefused` (which the caller logs;
+        the owner's other registrations are unaffected). A tool's schema is compiled
+        here unless `reg.arguments` holds it compiled already (a plugin's are, off the
+        loop: `with_compiled_schemas`)."""
+        why = self.refusal(reg, declared=declared)
+        if why is not None:
+            raise RegistrationRefused(reg.owner, reg.name, why)
+        if reg.kind is Kind.TOOL and reg.arguments is None:
             # Compiled here, once: a call then pays one validation, not a compile.
             try:
-                reg = replace(reg, arguments=compile_arguments(reg.input_schema))
+                reg = replace(reg, arguments=compile_schema(reg.input_schema))
             except SchemaRefused as e:
                 raise RegistrationRefused(reg.owner, reg.name, f"its input schema {e}") from None
         self._by_key[(reg.kind, reg.name)] = reg
@@ -128,3 +144,13 @@ class Registry:
 
     def owned_by(self, owner: str) -> list[Registration]:
         return [r for r in self._by_key.values() if r.owner == owner]
+
+
+async def with_compiled_schemas(regs: list[Registration]) -> list[Registration | str]:
+    """Each of one plugin's tool registrations with its input schema compiled, or why
+    the schema is refused; compiled in a schema worker, off the event loop, within
+    MAX_PLUGIN_SCHEMA_BYTES in all (tests/test_hostile_bounds.py::
+    test_a_plugins_registration_does_not_stall_other_callers). The registry is not
+    touched: `register` then adds them on the loop."""
+    compiled = await compile_schemas_off_loop([r.input_schema for r in regs], max_total_bytes=MAX_PLUGIN_SCHEMA_BYTES)
+    return [f"its input schema {c}" if isinstance(c, SchemaRefused) else replace(r, arguments=c) for r, c in zip(regs, compiled, strict=True)]

@@ -43,7 +43,7 @@ from supervisor.host_client import CallAborted, ChildStream, ExecResult, HostCli
 from supervisor.incarnation import Incarnation, running
 from supervisor.lifecycle import ALIVE, Lifecycle, RestartPolicy, SandboxState, Transition
 from supervisor.paths import child_dir, own_dir, workspace_tmp
-from supervisor.registry import Kind, Registration, Registry
+from supervisor.registry import Kind, Registration, Registry, with_compiled_schemas
 from supervisor.sandbox_log import SandboxLog
 from supervisor.disk_usage import WorkspaceDisk
 
@@ -504,25 +504,32 @@ class SupervisedSandbox:
         if self.lc.state is not S.STARTING:
             return  # being stopped meanwhile: the kill is already on its way
         if self.plan.role == "plugin":
-            self._accept(desc.tools)
+            await self._accept(desc.tools)
+            if self.lc.state is not S.STARTING:
+                return  # stopped while its schemas compiled
         self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._heartbeat(inc), name=f"{self.id}#{inc.number} heartbeat")
             tg.create_task(self._watch_disk(inc), name=f"{self.id}#{inc.number} disk")
             tg.create_task(self._serve_stream(inc), name=f"{self.id}#{inc.number} stream")
 
-    def _accept(self, tools: Any) -> None:
+    async def _accept(self, tools: Any) -> None:
         """The supervisor is the judge: a refused tool is logged, the rest stay. A
         host that describes a flood of names it may not register gets the first few
         refusals named and the rest counted in one line, so that it cannot fill the
-        logs or hold the loop (tests/test_trust.py::test_a_flood_of_refused_tools)."""
+        logs or hold the loop (tests/test_trust.py::test_a_flood_of_refused_tools).
+        The cheap checks come first, on the loop, so that names it may not hold cost
+        no compile; the schemas of the rest are compiled in one batch off the loop
+        (tests/test_hostile_bounds.py::test_a_plugins_registration_does_not_stall_other_callers)."""
         self.refusals = {}
-        unnamed = 0
-        for n, spec in enumerate(tools):
-            if n >= MAX_DESCRIBED_TOOLS:
-                unnamed += len(tools) - n
-                break
-            why = self._register(spec)
+        described = list(tools[:MAX_DESCRIBED_TOOLS])
+        unnamed = len(tools) - len(described)
+        screened = [self._screen(spec) for spec in described]
+        compiled = iter(await with_compiled_schemas([r for r in screened if isinstance(r, Registration)]))
+        if self.lc.state is not S.STARTING:
+            return  # stopped meanwhile: its death has reclaimed; nothing may be added now
+        for spec, first in zip(described, screened):
+            why = first if isinstance(first, str) else self._register(next(compiled))
             if why is None:
                 continue
             if len(self.refusals) >= MAX_NAMED_REFUSALS:
@@ -539,12 +546,13 @@ class SupervisedSandbox:
             self.log.event(line)
             logger.warning("{}: {}", self.id, line)
 
-    def _register(self, spec: Any) -> str | None:
-        """Register one described tool; None when accepted, else why not."""
+    def _screen(self, spec: Any) -> Registration | str:
+        """One described tool as a registration, or why it may not be one (without
+        compiling its schema)."""
         if not re.fullmatch(TOOL_NAME_PATTERN, spec.name):
             return "not a valid tool name (letters, digits, _ and -, at most 64)"
         if spec.problem:
-            return spec.problem
+            return str(spec.problem)
         reg = Registration(
             kind=Kind.TOOL,
             name=spec.name,
@@ -553,6 +561,12 @@ class SupervisedSandbox:
             description=spec.description,
             input_schema=spec.input_schema,
         )
+        return self._registry.refusal(reg, declared=self.plan.declared_tools) or reg
+
+    def _register(self, reg: Registration | str) -> str | None:
+        """Register one tool, its schema compiled; None when accepted, else why not."""
+        if isinstance(reg, str):
+            return reg
         try:
             self._registry.register(reg, declared=self.plan.declared_tools)
         except RegistrationRefused as e:

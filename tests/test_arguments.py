@@ -9,6 +9,7 @@ calls.log in their workspace: a refused call must leave no line.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -17,9 +18,12 @@ from typing import Any
 
 import pytest
 
-from supervisor.arguments import COUNTED_PROBLEMS, check_arguments
-from supervisor.errors import BadToolArguments, RegistrationRefused, ToolFailed
+from supervisor.arguments import COUNTED_PROBLEMS, LOOP_BUDGET_S, check_arguments, check_arguments_async
+from supervisor.config import parse_config
+from supervisor.errors import BadToolArguments, ConfigError, RegistrationRefused, ToolFailed
+from supervisor.plans import build_plans
 from supervisor.registry import Kind, Registration, Registry
+from supervisor.schemas import CHECK_BUDGET_S, CompiledSchema, SchemaRefused, compile_schemas
 from tests.conftest import PLUGINS, TEST_PLUGINS, Gateway, make_config
 
 PICKY = TEST_PLUGINS / "picky"
@@ -248,3 +252,195 @@ def test_checking_costs_little_per_call() -> None:
     for _ in range(1000):
         check_arguments(reg, {"text": "x" * 100})
     assert time.perf_counter() - t0 < 1.0
+
+
+# -- bounds: what a check costs is the plugin's schema's choice -----------------------
+
+
+def doubling_refs(depth: int) -> dict[str, Any]:
+    defs: dict[str, Any] = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(depth)}
+    defs[f"d{depth}"] = {}
+    return {"type": "object", "$defs": defs, "allOf": [{"$ref": "#/$defs/d0"}]}
+
+
+# A $ref cycle under allOf: each level of the arguments doubles the walk, which no
+# look at the schema alone can refuse (a tree schema is a $ref cycle too).
+CYCLE = {
+    "type": "object",
+    "$defs": {"n": {"type": "object", "properties": {"c": {"allOf": [{"$ref": "#/$defs/n"}, {"$ref": "#/$defs/n"}]}}}},
+    "allOf": [{"$ref": "#/$defs/n"}],
+}
+CATASTROPHIC = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a|aa)+$"}}}
+ROWS = {
+    "type": "object",
+    "properties": {"rows": {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
+}
+
+
+def nested(depth: int) -> dict[str, Any]:
+    top: dict[str, Any] = {}
+    node = top
+    for _ in range(depth):
+        node["c"] = {}
+        node = node["c"]
+    return top
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ({"city": "x", "days": float("nan")}, "days: nan is not a number JSON allows"),
+        ({"city": "x", "extra": [1, {"deep": float("-inf")}]}, "extra[1].deep: -inf is not a number JSON allows"),
+        ('{"city": "x", "days": NaN}', "days: nan is not a number JSON allows"),
+        ({"city": "x", "days": 10**5000}, "days: an integer of more than 4,200 digits is too long to pass on"),
+        ('{"city": "x", "days": ' + "9" * 5000 + "}", "arguments hold a number that cannot be read"),
+    ],
+)
+def test_numbers_json_cannot_carry_are_refused_by_path(args: Any, says: str) -> None:
+    """NaN compares false with `minimum` and `maximum` both, so a schema alone lets it
+    through; it is refused wherever it is, whatever the schema."""
+    for schema in (FORECAST, {"type": "object"}):
+        e = refusal(args, schema)
+        assert e.problems.startswith(says), e.problems
+
+
+def test_a_schema_whose_refs_double_at_each_step_is_refused_at_registration() -> None:
+    t0 = time.monotonic()
+    r = Registry()
+    with pytest.raises(RegistrationRefused, match="its input schema expands to more than 10,000 subschemas once its \\$refs are followed"):
+        r.register(Registration(kind=Kind.TOOL, name="t", owner="p", sandbox_id="p", input_schema=doubling_refs(18)), declared=frozenset({"t"}))
+    assert time.monotonic() - t0 < 2
+    # A few steps of it are fine, and a cycle (a tree) is no expansion.
+    check_arguments(registered(doubling_refs(8)), {})
+    check_arguments(registered(CYCLE), nested(5))
+
+
+@pytest.mark.parametrize(("schema", "args"), [(CATASTROPHIC, {"s": "a" * 60 + "!"}), (CYCLE, nested(40))])
+def test_a_check_stops_at_its_budget_and_blames_the_schema(schema: dict[str, Any], args: dict[str, Any]) -> None:
+    """`^(a|aa)+$` backtracks for hours on 61 characters under `re`; a $ref cycle
+    under allOf doubles with each level of the arguments. Either is stopped at the
+    check's deadline, and the caller is told the schema is at fault."""
+    reg = registered(schema)
+    t0 = time.monotonic()
+    with pytest.raises(ToolFailed) as caught:
+        check_arguments(reg, args)
+    took = time.monotonic() - t0
+    e = caught.value
+    assert not isinstance(e, BadToolArguments) and e.kind == "schema_too_costly", e
+    assert str(e).startswith("tool 'forecast' (plugin 'weather') failed: checking these arguments against its input schema took more than 0.02 s"), e
+    assert "the schema is too costly to check (tell the plugin's author)" in str(e)
+    assert took < 0.5, f"the check held its caller {took:.2f} s"
+
+
+async def test_the_async_check_holds_the_loop_for_its_slice_only() -> None:
+    """Past LOOP_BUDGET_S the check starts again in a worker: the loop answers
+    meanwhile; arguments that are big but fit pass (the sync check on the loop must
+    refuse them), and a hostile schema fails at CHECK_BUDGET_S."""
+    worst = 0.0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal worst
+        while not stop.is_set():
+            t0 = time.monotonic()
+            await asyncio.sleep(0.001)
+            worst = max(worst, time.monotonic() - t0)
+
+    rows = {"rows": [{"a": "x", "b": i} for i in range(3000)]}
+    with pytest.raises(ToolFailed, match="took more than 0.02 s"):
+        check_arguments(registered(ROWS), rows)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(ticker())
+        await asyncio.sleep(0.01)
+        await check_arguments_async(registered(ROWS), rows)
+        with pytest.raises(BadToolArguments, match=r"rows\[3000\].b: a required property is missing"):
+            await check_arguments_async(registered(ROWS), {"rows": [*rows["rows"], {"a": "x"}]})
+        t0 = time.monotonic()
+        with pytest.raises(ToolFailed, match=f"took more than {CHECK_BUDGET_S:g} s"):
+            await check_arguments_async(registered(CATASTROPHIC), {"s": "a" * 60 + "!"})
+        took = time.monotonic() - t0
+        stop.set()
+    assert CHECK_BUDGET_S * 0.9 < took < CHECK_BUDGET_S + 1.5, took
+    assert worst < LOOP_BUDGET_S + 0.15, f"the loop was held {worst * 1000:.0f} ms"
+
+
+def test_unique_items_and_enum_keep_json_schema_equality() -> None:
+    unique = {"type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}
+    assert "has non-unique elements ([0] and [1] are equal)" in refusal({"xs": [1, 1.0]}, unique).problems
+    assert "([0] and [1] are equal)" in refusal({"xs": [{"a": 1, "b": [2]}, {"b": [2.0], "a": 1}]}, unique).problems
+    check_arguments(registered(unique), {"xs": [1, True, "1", [1], [True], {"a": 1}, {"a": True}, None, 0, False]})
+    # 1,200 objects: jsonschema compares them pair by pair (2-3 s); hashed, it is nothing.
+    t0 = time.monotonic()
+    check_arguments(registered(unique), {"xs": [{"k": i} for i in range(1200)]}, budget_s=5)
+    assert time.monotonic() - t0 < 0.5
+    one_of = {"type": "object", "properties": {"x": {"enum": [1, "a", None, [1], {"k": 1}]}}}
+    for fits in (1, 1.0, "a", None, [1.0], {"k": 1}):
+        check_arguments(registered(one_of), {"x": fits})
+    for unfit in (True, "b", 2, [True], {"k": 2}):
+        assert "is not one of" in refusal({"x": unfit}, one_of).problems, unfit
+    assert refusal({"x": "b"}, one_of).problems == "x: 'b' is not one of [1, 'a', None, [1], {'k': 1}]"
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ({"type": "object", "properties": {"s": {"pattern": "a{4294967296}"}}}, "its input schema has a pattern 'a{4294967296}' that Python cannot compile (OverflowError"),
+        ({"type": "object", "properties": {"s": {"pattern": "(?:a{1000}){1000}"}}}, "its input schema has patterns that repeat too much"),
+        ({"type": "object", "patternProperties": {"^x": {}}, "unevaluatedProperties": False}, "its input schema uses patternProperties with unevaluatedProperties"),
+    ],
+)
+def test_what_cannot_be_compiled_in_bounds_refuses_that_tool_only(schema: dict[str, Any], says: str) -> None:
+    """Whatever compiling raises (OverflowError is no re.error) refuses the tool, and
+    the registry goes on: it never escapes to take the plugin down."""
+    r = Registry()
+    with pytest.raises(RegistrationRefused) as caught:
+        r.register(Registration(kind=Kind.TOOL, name="bad", owner="p", sandbox_id="p", input_schema=schema), declared=frozenset({"bad", "good"}))
+    assert caught.value.reason.startswith(says), caught.value.reason
+    r.register(Registration(kind=Kind.TOOL, name="good", owner="p", sandbox_id="p", input_schema=FORECAST), declared=frozenset({"bad", "good"}))
+    assert [t.name for t in r.tools()] == ["good"]
+
+
+def test_patterns_are_matched_with_a_bound() -> None:
+    schema = {"type": "object", "patternProperties": {"^x_(a|aa)+$": {"type": "integer"}}, "additionalProperties": False}
+    reg = registered(schema)
+    check_arguments(reg, {"x_aaa": 1})
+    assert "'y' does not match any of the regexes" in refusal({"y": 1}, schema).problems
+    with pytest.raises(ToolFailed, match="schema is too costly"):
+        check_arguments(reg, {"x_" + "a" * 60 + "!": 1})
+
+
+def test_a_plugins_schemas_have_a_budget_in_all() -> None:
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "d" * 40} for i in range(400)}}
+    size = len(json.dumps(big, separators=(",", ":")))
+    out = compile_schemas([big, FORECAST, big, FORECAST], max_total_bytes=size + 1000)
+    assert isinstance(out[0], CompiledSchema) and isinstance(out[1], CompiledSchema) and isinstance(out[3], CompiledSchema)
+    assert isinstance(out[2], SchemaRefused) and str(out[2]).startswith("would take the plugin's input schemas past"), out[2]
+
+
+def write_plugin(tmp_path: Path, config_schema: dict[str, Any]) -> Path:
+    folder = tmp_path / "configured"
+    folder.mkdir()
+    (folder / "clawsup.plugin.json").write_text(json.dumps({"id": "configured", "version": "1.0.0", "entry": "plugin.py", "configSchema": config_schema}))
+    (folder / "plugin.py").write_text("")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("config_schema", "config", "says"),
+    [
+        (doubling_refs(18), {}, "plugin 'configured': its configSchema expands to more than 10,000 subschemas"),
+        ({"type": "object", "properties": {"s": {"pattern": "a{4294967296}"}}}, {"s": "x"}, "plugin 'configured': its configSchema has a pattern 'a{4294967296}' that Python cannot compile"),
+        (CATASTROPHIC, {"s": "a" * 60 + "!"}, f"plugin 'configured': its configSchema took more than {CHECK_BUDGET_S:g} s to check the config"),
+    ],
+)
+def test_a_config_schema_has_the_same_bounds(tmp_path: Path, config_schema: dict[str, Any], config: dict[str, Any], says: str) -> None:
+    """A plugin's configSchema is checked at the gateway's start: an OverflowError
+    there stopped the start with a traceback, and a $ref that doubled 18 times held
+    it 12-18 s."""
+    folder = write_plugin(tmp_path, config_schema)
+    cfg = {"plugins": {"load": {"paths": [str(folder)]}, "entries": {"configured": {"trust": "trusted", "config": config}}}}
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        build_plans(parse_config(json.dumps(cfg), "c"), config_source="c", config_dir=tmp_path, extra_plugins=[], problem_of=lambda b: "")
+    assert time.monotonic() - t0 < CHECK_BUDGET_S + 2
+    assert any(p.startswith(says) for p in caught.value.problems), caught.value.problems
