@@ -405,7 +405,7 @@ async def bench_messages(total: int, session_counts: tuple[int, ...] = G_SESSION
                 await up.wait()
                 out[fsync][n] = await _drive(n, max(total, 2 * n), through)
                 stop.set()
-            m.close()
+            await m.aclose()
             shutil.rmtree(state, ignore_errors=True)
     return out
 
