@@ -369,9 +369,8 @@ class SupervisedSandbox:
         else:
             delay = self.lc.record_death(status)
         inc.declare_dead(status)
-        # Descendants may outlive the leader (a fork that called setsid, a grandchild
-        # still writing); the group and the cgroup go with it.
-        await _quietly(inc.child.kill_all(), None)
+        # From the callers' news to `crashed`, no await: a caller told of the death
+        # must not find the sandbox still `ready` (tests/test_log_follow.py).
         inc.output.drain()
         tools = f"; withdrew {', '.join(r.name for r in gone)}" if gone else ""
         self.log.event(f"pid {inc.child.pid} {status.describe()}{tools}")
@@ -381,6 +380,9 @@ class SupervisedSandbox:
             tail = " | ".join(list(self.log.stderr_tail)[-3:])
             logger.warning("{}: pid {} {}{}{}", self.id, inc.child.pid, status.describe(), tools, f"; last stderr: {tail}" if tail and load is None else "")
             self.lc.enter(S.CRASHED, status.describe())
+        # Descendants may outlive the leader (a fork that called setsid, a grandchild
+        # still writing); the group and the cgroup go with it, before any restart.
+        await _quietly(inc.child.kill_all(), None)
         return Ended(status, delay, failed=reason if load is not None else None)
 
     def _died_error(self, status: ExitStatus) -> SandboxDied:
