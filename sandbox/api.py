@@ -3,7 +3,7 @@ this, so it changes only with a version bump (`API_VERSION`).
 
 A plugin's entry module defines one pluggy hook implementation:
 
-    from sandbox.api import hookimpl
+    from clawsup.sandbox.api import hookimpl
 
     @hookimpl
     def clawsup_register(api):

@@ -80,7 +80,7 @@ def format_load_error(err: LoadError) -> str:
     while True:
         line = f"{LOAD_ERROR_MAGIC}|{CORE_PROTOCOL_VERSION}|" + json.dumps({"message": message, "where": where}, separators=(",", ":"))
         # Escaping can grow a character to 12 bytes; the supervisor cuts stdout lines
-        # at 16 KiB (supervisor/sandbox_log.py), and a cut line would not parse.
+        # at 16 KiB (supervisor/sandboxes/log.py), and a cut line would not parse.
         if len(line) <= MAX_LOAD_ERROR_LINE:
             return line
         message, where = _cut(message, len(message) // 2), _cut(where, len(where) // 2)

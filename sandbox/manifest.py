@@ -52,7 +52,7 @@ class SandboxRequest(_Model):
     is optional. The manifest only asks: each limit is the stricter of the ask and
     the grant; `backend`, `network` and `restart` are the operator's alone, and a
     manifest's are shown, and refused with a warning where they differ
-    (supervisor/plans.py)."""
+    (supervisor/sandboxes/plans.py)."""
 
     backend: Backend | None = None
     call_timeout_seconds: float | None = Field(default=None, gt=0, le=3600)

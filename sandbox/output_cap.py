@@ -3,7 +3,7 @@ a ring released at the end, after a marker that says how much was dropped betwee
 
 One shape, kept on both sides of the wire: by the host's exec runner
 (sandbox/host/exec_runner.py), and again by the supervisor, because a hijacked host
-may send anything (supervisor/host_client.py; tests/test_hostile_output.py). Stdlib
+may send anything (supervisor/sandboxes/host_client.py; tests/test_hostile_output.py). Stdlib
 only, so that both may import it.
 """
 

@@ -81,16 +81,16 @@ from loguru import logger
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sandbox.cgroup import CgroupRoot  # noqa: E402
-from sandbox.launcher import Limits, MiB  # noqa: E402
-from sandbox.bwrap import BwrapLauncher, bwrap_problem  # noqa: E402
-from sandbox.process import ProcessLauncher, Warden  # noqa: E402
-from supervisor.lifecycle import RestartPolicy, SandboxState, Transition  # noqa: E402
-from supervisor.manager import SandboxManager  # noqa: E402
-from supervisor.paths import StatePaths  # noqa: E402
-from supervisor.registry import Registry  # noqa: E402
-from supervisor.supervised import SandboxPlan, Timing  # noqa: E402
-from supervisor.workspaces import CORE_TOOLS, Workspaces, WorkspaceSettings, register_core_tools  # noqa: E402
+from clawsup.sandbox.launch.cgroup import CgroupRoot  # noqa: E402
+from clawsup.sandbox.launch.launcher import Limits, MiB  # noqa: E402
+from clawsup.sandbox.launch.bwrap import BwrapLauncher, bwrap_problem  # noqa: E402
+from clawsup.sandbox.launch.process import ProcessLauncher, Warden  # noqa: E402
+from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy, SandboxState, Transition  # noqa: E402
+from clawsup.supervisor.sandboxes.manager import SandboxManager  # noqa: E402
+from clawsup.supervisor.paths import StatePaths  # noqa: E402
+from clawsup.supervisor.sandboxes.registry import Registry  # noqa: E402
+from clawsup.supervisor.sandboxes.supervised import SandboxPlan, Timing  # noqa: E402
+from clawsup.supervisor.tools.workspaces import CORE_TOOLS, Workspaces, WorkspaceSettings, register_core_tools  # noqa: E402
 
 PAYLOAD = "x" * 100
 
@@ -227,8 +227,8 @@ async def bench_crash_reclaim(manager: SandboxManager, n: int, kill: Any = None)
 
 
 async def bench_docker(process_manager: SandboxManager, tmp: Path, a: Any) -> dict[str, Any]:
-    from sandbox.container import DockerLauncher, docker_problem
-    from sandbox.image import image_tag
+    from clawsup.sandbox.launch.container import DockerLauncher, docker_problem
+    from clawsup.sandbox.launch.image import image_tag
 
     if problem := docker_problem():
         return {"skipped": problem}
@@ -345,10 +345,10 @@ G_SESSIONS = (1, 10, 100, 1000)
 async def bench_messages(total: int, session_counts: tuple[int, ...] = G_SESSIONS) -> dict[str, Any]:
     """Figure (g). Each count of sessions gets at least two messages per session (at
     1,000 sessions: 2,000 messages, each session's first a cold one)."""
-    from supervisor.bus import Busy, MessageBus
-    from supervisor.config import ClawsupConfig
-    from supervisor.messaging import Messaging
-    from supervisor.routing import Route
+    from clawsup.supervisor.messages.bus import Busy, MessageBus
+    from clawsup.supervisor.config import ClawsupConfig
+    from clawsup.supervisor.messages.assembly import Messaging
+    from clawsup.supervisor.messages.routing import Route
 
     out: dict[str, Any] = {"baseline": {}, "always": {}, "never": {}}
     for n in session_counts:
@@ -427,11 +427,11 @@ async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, An
     kept in memory after), policy, offline model, one echo call, model again, store;
     through AgentLoop.turn as the dispatcher calls it. The echo call alone is
     measured in interleaved blocks and subtracted (medians)."""
-    from supervisor.agent_loop import AgentLoop
-    from supervisor.bus import InboundMessage, ReplyTarget
-    from supervisor.config import ClawsupConfig
-    from supervisor.routing import Peer, Route, RouteInput
-    from supervisor.session_store import SessionStore
+    from clawsup.supervisor.agents.loop import AgentLoop
+    from clawsup.supervisor.messages.bus import InboundMessage, ReplyTarget
+    from clawsup.supervisor.config import ClawsupConfig
+    from clawsup.supervisor.messages.routing import Peer, Route, RouteInput
+    from clawsup.supervisor.messages.session_store import SessionStore
 
     store = SessionStore(tmp / "bench-sessions", fsync="never")
     loop = AgentLoop(ClawsupConfig(), manager=manager, store=store)
@@ -468,13 +468,13 @@ async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, An
 
 
 async def bench_subagent(manager: SandboxManager, tmp: Path, n: int, backend: str) -> dict[str, Any]:
-    from supervisor.bus import InboundMessage, MessageBus, ReplyTarget
-    from supervisor.config import ClawsupConfig
-    from supervisor.providers.offline import OfflineProvider
-    from supervisor.routing import Peer, Route, RouteInput
-    from supervisor.session_store import SessionStore
-    from supervisor.subagents import Origin, SpawnArgs, Subagents
-    from supervisor.tool_policy import Caller
+    from clawsup.supervisor.messages.bus import InboundMessage, MessageBus, ReplyTarget
+    from clawsup.supervisor.config import ClawsupConfig
+    from clawsup.supervisor.agents.providers.offline import OfflineProvider
+    from clawsup.supervisor.messages.routing import Peer, Route, RouteInput
+    from clawsup.supervisor.messages.session_store import SessionStore
+    from clawsup.supervisor.agents.subagents import Origin, SpawnArgs, Subagents
+    from clawsup.supervisor.agents.tool_policy import Caller
 
     manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
     store = SessionStore(tmp / f"bench-runs-{backend}", fsync="never")
@@ -513,7 +513,7 @@ async def bench_subagent(manager: SandboxManager, tmp: Path, n: int, backend: st
     return {"figure": summary(figure), "baseline": summary(base), "baseline_name": f"stop + start of a workspace sandbox (same runtime, no plugin) on {backend}"}
 
 
-PING_PLUGIN = """from sandbox.api import hookimpl
+PING_PLUGIN = """from clawsup.sandbox.api import hookimpl
 
 
 @hookimpl
@@ -540,7 +540,7 @@ def bench_status(calls: int, backend: str, sandboxes: int = 10) -> dict[str, Any
     supervisor while `sandboxes` plugin sandboxes restart in a loop (each a thread
     calling the `restart` op again and again), against the same op idle, in
     interleaved blocks; and the `clawsup status` command itself, once each way."""
-    from supervisor.control import ControlClient
+    from clawsup.supervisor.control.api import ControlClient
 
     state = Path(tempfile.mkdtemp(prefix="cs-bench-status-", dir="/tmp"))
     dirs = ping_plugins(state / "plugins", sandboxes)
@@ -551,11 +551,11 @@ def bench_status(calls: int, backend: str, sandboxes: int = 10) -> dict[str, Any
     (state / "clawsup.json").write_text(json.dumps(cfg))
     console = open(state / "console.txt", "w+")
     sup = subprocess.Popen(
-        [sys.executable, "-m", "supervisor.cli", "start", "--config", str(state / "clawsup.json"), "--state-dir", str(state)],
+        [sys.executable, "-m", "clawsup.supervisor.control.cli", "start", "--config", str(state / "clawsup.json"), "--state-dir", str(state)],
         stdout=console, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "300"},
     )  # fmt: skip
     client = ControlClient(state / "run" / "control.sock")
-    cli = [sys.executable, "-m", "supervisor.cli", "status", "--state-dir", str(state)]
+    cli = [sys.executable, "-m", "clawsup.supervisor.control.cli", "status", "--state-dir", str(state)]
 
     def status_ms(n: int) -> list[float]:
         out = []
@@ -667,7 +667,7 @@ def print_status(n: dict[str, Any]) -> None:
 
 
 def bench_policy(n_tools: int = 200, reps: int = 2000) -> dict[str, Any]:
-    from supervisor.tool_policy import Caller, decide
+    from clawsup.supervisor.agents.tool_policy import Caller, decide
 
     available = {"exec": "core", "read": "core", "write": "core", "edit": "core", "list_dir": "core"}
     for i in range(n_tools - len(available)):

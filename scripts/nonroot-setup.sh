@@ -11,7 +11,7 @@
 # The dependencies are pinned to the versions the suite's own Python has (PYTHON,
 # else python3, as scripts/test.sh installed them): the installed gateway then speaks
 # the same grpc and protobuf, and finds the docker image that scripts/docker-engine.sh
-# built (its tag carries those versions, sandbox/image.py).
+# built (its tag carries those versions, sandbox/launch/image.py).
 #
 # The venv is rebuilt only when the key changes: a hash of what goes into the wheel
 # (pyproject.toml, README.md, the packages' folders), of this script, of the pins,

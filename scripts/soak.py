@@ -61,7 +61,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from supervisor.control import ControlClient  # noqa: E402
+from clawsup.supervisor.control.api import ControlClient  # noqa: E402
 
 FAULTS = [
     ("chaos_crash", {"how": "segfault"}, None),
@@ -355,7 +355,7 @@ class Followers:
     def _start(self) -> None:
         sandbox = self.rng.choice(STANDING)
         kind = self.rng.choice(["reader", "reader", "stuck", "quiet"])
-        cmd = [sys.executable, "-m", "supervisor.cli", "logs", sandbox, "-f", "-n", "20", "--state-dir", str(self.mix.state)]
+        cmd = [sys.executable, "-m", "clawsup.supervisor.control.cli", "logs", sandbox, "-f", "-n", "20", "--state-dir", str(self.mix.state)]
         out = subprocess.DEVNULL if kind == "quiet" else subprocess.PIPE
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "300"})
         f = Follower(proc, sandbox, kind, time.monotonic() + self.rng.uniform(2, 20))
@@ -555,7 +555,7 @@ def main() -> int:
         "plugins": {
             "load": {"paths": [str(ROOT / "plugins" / "basics"), str(ROOT / "plugins" / "chaos")]},
             # Our own plugins: trusted, so that --backend process may run them. A large
-            # budget (its period is raised to fit, see supervisor/plans.py) so that
+            # budget (its period is raised to fit, see supervisor/sandboxes/plans.py) so that
             # the faults never spend it.
             "entries": {
                 "basics": {"trust": "trusted"},
@@ -574,7 +574,7 @@ def main() -> int:
     (state / "clawsup.json").write_text(json.dumps(cfg))
     console = open(state / "console.txt", "w+")
     sup = subprocess.Popen(
-        [sys.executable, "-m", "supervisor.cli", "start", "--config", str(state / "clawsup.json"), "--state-dir", str(state)],
+        [sys.executable, "-m", "clawsup.supervisor.control.cli", "start", "--config", str(state / "clawsup.json"), "--state-dir", str(state)],
         stdout=console, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "300"},
     )  # fmt: skip
     client = ControlClient(state / "run" / "control.sock")

@@ -17,22 +17,15 @@ import json5
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from sandbox.manifest import RestartRequest, SandboxRequest
-from supervisor.errors import ConfigError
+from clawsup.sandbox.manifest import RestartRequest, SandboxRequest
+from clawsup.supervisor.errors import ConfigError
 
 BUNDLED_PREFIX = "bundled:"
 def _bundled_plugins() -> Path:
-    """The bundled plugins: beside this package in a checkout, else the installed
-    `clawsup.plugins` folder (found without importing any plugin code)."""
-    here = Path(__file__).resolve().parent.parent / "plugins"
-    if here.is_dir():
-        return here
-    import importlib.util
-
-    spec = importlib.util.find_spec("clawsup.plugins")
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
-    return here
+    """The bundled plugins, `clawsup.plugins`: beside `clawsup.supervisor` both in a
+    checkout (plugins/ beside supervisor/) and in an installed package, because the
+    namespace mirrors the repository's folders. Found without importing plugin code."""
+    return Path(__file__).resolve().parent.parent / "plugins"
 
 
 BUNDLED_PLUGINS = _bundled_plugins()
@@ -114,7 +107,7 @@ PluginBackend = Literal["auto", "process", "bwrap", "docker"]
 
 class RestartGrant(RestartRequest):
     """The operator's restart policy. Floors (with the one on the period that
-    supervisor/plans.py computes from the backoff) so that a crash loop always spends
+    supervisor/sandboxes/plans.py computes from the backoff) so that a crash loop always spends
     its budget and ends in `failed`: a 1 ms period never would."""
 
     max_restarts: MaxRestarts | None = None
@@ -249,21 +242,21 @@ class SandboxConfig(_Model):
 
 class ExecToolConfig(_OpenClaw):
     """The `exec` core tool. The deny list is the outer fence only: what slips past
-    it meets the workspace sandbox (see supervisor/exec_screen.py)."""
+    it meets the workspace sandbox (see supervisor/tools/exec_screen.py)."""
 
     timeout_seconds: RunSeconds = 60.0
     """A command's deadline when the call does not ask for one."""
     max_timeout_seconds: RunSeconds = 600.0
     """The longest deadline a call may ask for."""
     # At most 8 MiB: half of it (the head, or the marker and tail) travels in one
-    # message, and the supervisor takes at most 4 MiB in one (supervisor/host_client.py).
+    # message, and the supervisor takes at most 4 MiB in one (supervisor/sandboxes/host_client.py).
     max_output_bytes: int = Field(default=64 * 1024, ge=1024, le=8 * 1024 * 1024)
     """Output beyond this keeps its head and tail, with a marker between them."""
     kill_grace_seconds: GraceSeconds = 2.0
     """From SIGTERM to SIGKILL when a command outlives its deadline."""
     shell: str = Field(default="/bin/sh", min_length=1)
     deny_defaults: bool = True
-    """Keep the built-in rules (supervisor/exec_screen.py DEFAULT_RULES)."""
+    """Keep the built-in rules (supervisor/tools/exec_screen.py DEFAULT_RULES)."""
     deny: dict[str, re.Pattern[str]] = Field(default_factory=dict)
     """More rules: a name (shown in refusals) -> a regex, searched in each simple
     command after normalisation (wrappers such as sudo/env peeled off)."""
@@ -292,7 +285,7 @@ class ToolsConfig(_OpenClaw):
     exec: ExecToolConfig = Field(default_factory=ExecToolConfig)
     fs: FsToolsConfig = Field(default_factory=FsToolsConfig)
     agent_to_agent: AgentToAgentConfig = Field(default_factory=AgentToAgentConfig)
-    # OpenClaw's tool policy (supervisor/tool_policy.py has the layers and their order).
+    # OpenClaw's tool policy (supervisor/agents/tool_policy.py has the layers and their order).
     profile: ToolProfile | None = None
     allow: list[str] = Field(default_factory=list)
     deny: list[str] = Field(default_factory=list)
@@ -350,7 +343,7 @@ class AgentSandboxConfig(_OpenClaw):
 
 
 class SubagentsConfig(_OpenClaw):
-    """Background runs handed off with `sessions_spawn` (supervisor/subagents.py)."""
+    """Background runs handed off with `sessions_spawn` (supervisor/agents/subagents.py)."""
 
     max_spawn_depth: int = Field(default=1, ge=1, le=5)
     """How deep runs may nest: at 1 a subagent cannot spawn; at 2 its children are

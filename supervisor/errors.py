@@ -3,7 +3,7 @@ the model sees the same sentence as a tool result with `is_error` set."""
 
 from __future__ import annotations
 
-from sandbox.launcher import ExitStatus
+from clawsup.sandbox.launch.launcher import ExitStatus
 
 
 class ClawsupError(Exception):
@@ -56,7 +56,7 @@ class ToolFailed(ClawsupError):
         self.kind = kind
         self.message = message
         if kind == "tool_error":
-            # An expected failure (sandbox.api.ToolError) speaks for itself.
+            # An expected failure (clawsup.sandbox.api.ToolError) speaks for itself.
             text = f"tool {tool!r}: {message}"
         elif kind == "invalid_arguments":
             text = f"bad arguments for tool {tool!r}: {message}"
@@ -134,7 +134,7 @@ class ExecBlocked(ClawsupError):
 
 
 class BadToolArguments(ToolFailed):
-    """The arguments do not fit the tool's input schema (supervisor/arguments.py) or
+    """The arguments do not fit the tool's input schema (supervisor/tools/arguments.py) or
     a core tool's own rule; says what was wrong, by path and rule. Nothing ran: the
     handler was never called. The model gets it as a tool error; `clawsup tools
     call` exits 1."""

@@ -15,7 +15,7 @@ descriptor (a directory, ours, not writable by group or others) before use, else
 `clawsup start` refuses with a sentence naming the path and the fix (UnsafeStatePath).
 A workspace and a socket folder are the child's: whatever is in them is hostile, and
 the supervisor touches their contents only by descriptor, without following
-(`workspace_tmp`, sandbox/socket_paths.py, sandbox/process.py `_give`).
+(`workspace_tmp`, sandbox/socket_paths.py, sandbox/launch/process.py `_give`).
 
 Socket paths are never shortened by moving them elsewhere: a path longer than
 sun_path is reached through a descriptor of its folder (sandbox/socket_paths.py).
@@ -29,8 +29,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.socket_paths import describe_kind
-from supervisor.errors import ClawsupError
+from clawsup.sandbox.socket_paths import describe_kind
+from clawsup.supervisor.errors import ClawsupError
 
 OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 

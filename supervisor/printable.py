@@ -11,8 +11,8 @@ are, so that an escaped line escapes to itself (the CLI escapes what it reads ba
 from files again, for files written before this rule or by other hands).
 
 Used where a child's text leaves the supervisor: the sandbox logs
-(supervisor/sandbox_log.py), the supervisor's own log (`clean_log_record`, a loguru
-patcher installed by supervisor/gateway.py) and `clawsup logs`/`clawsup status`.
+(supervisor/sandboxes/log.py), the supervisor's own log (`clean_log_record`, a loguru
+patcher installed by supervisor/control/gateway.py) and `clawsup logs`/`clawsup status`.
 Tests: tests/test_hostile_output.py.
 """
 

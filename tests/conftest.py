@@ -19,18 +19,18 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.control import ControlClient
+from clawsup.supervisor.control.api import ControlClient
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "plugins"
 TEST_PLUGINS = Path(__file__).resolve().parent / "plugins"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-CLAWSUP = [sys.executable, "-m", "supervisor.cli"]
+CLAWSUP = [sys.executable, "-m", "clawsup.supervisor.control.cli"]
 READY_MARK = "control socket"
 
 
 def cgroups_available() -> bool:
-    from sandbox.cgroup import CgroupRoot
+    from clawsup.sandbox.launch.cgroup import CgroupRoot
 
     root = CgroupRoot.create()
     if root is None:
@@ -81,9 +81,9 @@ def require_backend(name: str) -> None:
     image. scripts/test.sh sets them up, so under CI a missing one is a failure,
     never a skip."""
     if name == "bwrap":
-        from sandbox.bwrap import bwrap_problem as problem_of
+        from clawsup.sandbox.launch.bwrap import bwrap_problem as problem_of
     elif name == "docker":
-        from sandbox.container import docker_problem as problem_of
+        from clawsup.sandbox.launch.container import docker_problem as problem_of
     else:
         return
     problem = problem_of()
@@ -116,7 +116,7 @@ OUR_PLUGINS = frozenset({"basics", "chaos", "twin"})
 
 
 def trust_our_plugins(config: dict[str, Any], extra_plugins: list[Path]) -> None:
-    from sandbox.manifest import load_manifest
+    from clawsup.sandbox.manifest import load_manifest
 
     load = config.get("plugins", {}).get("load", {}).get("paths", [])
     entries = config.setdefault("plugins", {}).setdefault("entries", {})
@@ -258,7 +258,7 @@ class Gateway:
             argv = p.info["cmdline"] or []
             # The host itself, not a bwrap (or its shell) wrapped around it; in a
             # container it is the image's python3.
-            if argv[:1] in ([sys.executable], ["python3"]) and "sandbox.host" in argv and str(self.state) in " ".join(argv):
+            if argv[:1] in ([sys.executable], ["python3"]) and "clawsup.sandbox.host" in argv and str(self.state) in " ".join(argv):
                 out.append(p.pid)
         return out
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.session_store import file_name, read_session
+from clawsup.supervisor.messages.session_store import file_name, read_session
 from tests.conftest import PLUGINS, Gateway, make_config
 from tests.helpers.model_stubs import Stub
 from tests.test_messaging import TOKEN, say

@@ -1,5 +1,5 @@
 """A tool's arguments are checked against its input schema in the supervisor, before
-any dispatch (supervisor/arguments.py): the error names the path and the rule, the
+any dispatch (supervisor/tools/arguments.py): the error names the path and the rule, the
 model and the CLI get it as a tool error, and the handler never runs. A schema that
 is not valid JSON Schema, or that refers outside itself, refuses the registration.
 
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from supervisor.arguments import COUNTED_PROBLEMS, LOOP_BUDGET_S, check_arguments, check_arguments_async
-from supervisor.config import parse_config
-from supervisor.errors import BadToolArguments, ConfigError, RegistrationRefused, ToolFailed
-from supervisor.plans import build_plans
-from supervisor.registry import Kind, Registration, Registry
-from supervisor.schemas import CHECK_BUDGET_S, CompiledSchema, SchemaRefused, compile_schemas
+from clawsup.supervisor.tools.arguments import COUNTED_PROBLEMS, LOOP_BUDGET_S, check_arguments, check_arguments_async
+from clawsup.supervisor.config import parse_config
+from clawsup.supervisor.errors import BadToolArguments, ConfigError, RegistrationRefused, ToolFailed
+from clawsup.supervisor.sandboxes.plans import build_plans
+from clawsup.supervisor.sandboxes.registry import Kind, Registration, Registry
+from clawsup.supervisor.tools.schemas import CHECK_BUDGET_S, CompiledSchema, SchemaRefused, compile_schemas
 from tests.conftest import PLUGINS, TEST_PLUGINS, Gateway, make_config
 
 PICKY = TEST_PLUGINS / "picky"
@@ -207,7 +207,7 @@ def test_the_cli_exits_1_with_the_reason(gateway_factory: Any) -> None:
 
 
 def test_the_model_gets_it_as_a_tool_error(gateway_factory: Any) -> None:
-    from supervisor.session_store import file_name, read_session
+    from clawsup.supervisor.messages.session_store import file_name, read_session
 
     gw = picky_gateway(gateway_factory, agents__list=[{"id": "main", "default": True, "model": "offline"}])
     r = gw.cli("chat", "--peer", "tester", "-m", '/tool forecast {"city": "Paris", "days": 50}', "--json", timeout=120)

@@ -1,5 +1,5 @@
 """The supervisor never runs plugin code: it imports neither plugins/, nor the
-child's runtime (sandbox.host, sandbox.api), nor pluggy."""
+child's runtime (clawsup.sandbox.host, clawsup.sandbox.api), nor pluggy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = ("plugins", "clawsup.plugins", "sandbox.host", "sandbox.api", "pluggy")
+FORBIDDEN = ("plugins", "clawsup.plugins", "clawsup.sandbox.host", "clawsup.sandbox.api", "pluggy")
 
 
 def _imports(path: Path) -> set[str]:
@@ -38,8 +38,8 @@ def test_supervisor_source_imports_no_plugin_code() -> None:
 
 def test_running_supervisor_modules_load_no_plugin_code() -> None:
     code = (
-        "import sys, supervisor.cli, supervisor.gateway, supervisor.manager, supervisor.control;"
-        "print(sorted(m for m in sys.modules if m == 'pluggy' or m.startswith(('sandbox.host', 'sandbox.api', 'plugins', 'clawsup.plugins'))))"
+        "import sys, clawsup.supervisor.control.cli, clawsup.supervisor.control.gateway, clawsup.supervisor.sandboxes.manager, clawsup.supervisor.control.api;"
+        "print(sorted(m for m in sys.modules if m == 'pluggy' or m.startswith(('clawsup.sandbox.host', 'clawsup.sandbox.api', 'plugins', 'clawsup.plugins'))))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert r.returncode == 0, r.stderr

@@ -14,10 +14,10 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from sandbox.manifest import ManifestError, load_manifest
-from supervisor.config import DEFAULT_CONFIG, ClawsupConfig, load_config, parse_config
-from supervisor.errors import ConfigError
-from supervisor.plans import build_plans
+from clawsup.sandbox.manifest import ManifestError, load_manifest
+from clawsup.supervisor.config import DEFAULT_CONFIG, ClawsupConfig, load_config, parse_config
+from clawsup.supervisor.errors import ConfigError
+from clawsup.supervisor.sandboxes.plans import build_plans
 from tests.conftest import PLUGINS, make_config, trust_our_plugins
 
 
@@ -115,7 +115,7 @@ def test_start_with_bad_config_exits_2_with_the_key_path(tmp_path: Path) -> None
     bad = tmp_path / "clawsup.json"
     bad.write_text('{sandbox: {stopGraceSeconds: 100000}}')
     r = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "start", "--config", str(bad), "--state-dir", str(tmp_path / "s")],
+        [sys.executable, "-m", "clawsup.supervisor.control.cli", "start", "--config", str(bad), "--state-dir", str(tmp_path / "s")],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2
@@ -279,7 +279,7 @@ def test_every_number_in_the_config_has_a_floor_and_a_ceiling() -> None:
     """Walks the whole model, so that a key added later without bounds fails here."""
     assert _unbounded(ClawsupConfig) == []
     # The walk sees bounds where there are some: the manifest's asks have none above.
-    from sandbox.manifest import SandboxRequest
+    from clawsup.sandbox.manifest import SandboxRequest
 
     assert "memoryMb" in _unbounded(SandboxRequest)
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.bus import GatewayBusy, InboundMessage, MessageBus, ReplyTarget
-from supervisor.config import ClawsupConfig
-from supervisor.dispatcher import Dispatcher, PlaceholderAgent, SessionBusy
-from supervisor.routing import Peer, RouteInput, Router
-from supervisor.session_store import SessionStore, read_session
+from clawsup.supervisor.messages.bus import GatewayBusy, InboundMessage, MessageBus, ReplyTarget
+from clawsup.supervisor.config import ClawsupConfig
+from clawsup.supervisor.messages.lanes import Dispatcher, PlaceholderAgent, SessionBusy
+from clawsup.supervisor.messages.routing import Peer, RouteInput, Router
+from clawsup.supervisor.messages.session_store import SessionStore, read_session
 
 
 class Collect:
@@ -203,8 +203,8 @@ async def test_interval_fsync_flushes_what_was_written(tmp_path: Path) -> None:
 
 
 async def test_watches_leave_nothing_behind_and_a_slow_one_holds_a_bounded_backlog() -> None:
-    from supervisor.bus import OutboundMessage
-    from supervisor.channels import WATCH_BACKLOG, Conversations, who
+    from clawsup.supervisor.messages.bus import OutboundMessage
+    from clawsup.supervisor.messages.channels import WATCH_BACKLOG, Conversations, who
 
     conv = Conversations(MessageBus())
     targets = [ReplyTarget(channel="test", account_id="default", peer=Peer.of("direct", f"u{i}")) for i in range(500)]

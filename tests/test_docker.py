@@ -9,7 +9,7 @@ from typing import Any
 import docker
 import pytest
 
-from sandbox.container import STATE_LABEL
+from clawsup.sandbox.launch.container import STATE_LABEL
 from tests.conftest import PLUGINS, Gateway, make_config, require_docker, require_kernel_limits
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import docker
 import pytest
 
-from sandbox.container import GATE, GATE_NAME, LABEL, STATE_LABEL
+from clawsup.sandbox.launch.container import GATE, GATE_NAME, LABEL, STATE_LABEL
 from tests.conftest import PLUGINS, TEST_PLUGINS, Gateway, make_config, require_docker, wait_gone
 
 SQUATTER = TEST_PLUGINS / "squatter"
@@ -272,7 +272,7 @@ def test_the_warden_is_bounded_when_the_engine_does_not_answer(tmp_path: Path) -
     """An engine that accepts and never answers must not keep the warden alive."""
     import socket
 
-    from sandbox import warden
+    from clawsup.sandbox.launch import warden
 
     path = tmp_path / "mute.sock"
     mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -2,7 +2,7 @@
 loop may hold it 50 ms or more, under a busy mix of what an operator does at once:
 status polled while docker and bwrap sandboxes restart, 100 sessions chatting, a
 plugin flooding its log and a follower reading it. The supervisor runs with
-CLAWSUP_LOOP_DEBUG_MS=50 (supervisor/loop_watch.py): asyncio's debug mode reports each
+CLAWSUP_LOOP_DEBUG_MS=50 (supervisor/control/loop_watch.py): asyncio's debug mode reports each
 callback that took 50 ms or more, and the watch adds what the loop thread did
 meanwhile and where it was.
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from itertools import cycle
 from typing import Any
 
-from supervisor.control import ControlClient
+from clawsup.supervisor.control.api import ControlClient
 from tests.conftest import PLUGINS, ROOT, Gateway, require_bwrap, require_docker, workspace_config
 
 LOOP_MS = 50
@@ -51,7 +51,7 @@ OURS = (str(ROOT / "supervisor") + "/", str(ROOT / "sandbox") + "/")
 
 @dataclass
 class SlowCallback:
-    """One report of supervisor/loop_watch.py, as read back from supervisor.log."""
+    """One report of supervisor/control/loop_watch.py, as read back from supervisor.log."""
 
     text: str
     data: dict[str, Any]
@@ -74,7 +74,7 @@ class SlowCallback:
 
     @property
     def held_the_loop(self) -> bool:
-        """The watch's verdict (supervisor/loop_watch.py `Measure.held`): CPU time,
+        """The watch's verdict (supervisor/control/loop_watch.py `Measure.held`): CPU time,
         less the collector's, reached the limit; or own time did, with a sample
         asleep in a blocking call."""
         return self.data["held"]
@@ -138,7 +138,7 @@ def slow_callbacks(log: str) -> list[SlowCallback]:
 WATCHED_LOOP = r"""
 import asyncio, os, subprocess, sys, threading, time
 from loguru import logger
-from supervisor.loop_watch import LoopWatch
+from clawsup.supervisor.control.loop_watch import LoopWatch
 
 logger.remove()
 logger.add(sys.stdout, format="{message}")
@@ -225,7 +225,7 @@ def test_the_watch_counts_a_blocking_call_and_not_a_preemption() -> None:
 
 def test_a_bad_debug_value_is_refused_with_the_variable_named(state_dir) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "supervisor.cli", "start", "--state-dir", str(state_dir)],
+        [sys.executable, "-m", "clawsup.supervisor.control.cli", "start", "--state-dir", str(state_dir)],
         capture_output=True, text=True, timeout=60, env={**os.environ, "CLAWSUP_LOOP_DEBUG_MS": "fast"},
     )  # fmt: skip
     assert r.returncode == 2, r.stdout + r.stderr

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.exec_screen import ExecScreen
+from clawsup.supervisor.tools.exec_screen import ExecScreen
 from tests.conftest import PLUGINS, Gateway, require_backend, require_kernel_limits, workspace_config
 
 BACKENDS = ["process", "bwrap", "docker"]

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.exec_screen import ExecScreen
+from clawsup.supervisor.tools.exec_screen import ExecScreen
 from tests.conftest import Gateway, require_backend, require_bwrap, workspace_config
 
 SECRET = f"s3cr3t-{uuid.uuid4().hex}"
@@ -112,7 +112,7 @@ def test_supervisor_secret_and_process_are_invisible(gw: Gateway) -> None:
     )
     out = r["output"]
     assert SECRET not in out and SECRET[:10] not in out.replace(f"grep -rs {SECRET[:10]}", "")
-    assert "supervisor.cli" not in out and "warden" not in out
+    assert "clawsup.supervisor.control.cli" not in out and "warden" not in out
     pids = [int(p) for p in gw.exec("ls /proc | grep -E '^[0-9]+$'")["output"].split()]
     # Its own few processes only (the numbers grow with each command, so count them).
     assert len(pids) < 10, f"the sandbox sees more than its own few processes: {pids}"

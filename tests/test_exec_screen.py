@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from supervisor.exec_screen import ExecScreen
+from clawsup.supervisor.tools.exec_screen import ExecScreen
 
 SCREEN = ExecScreen.build()
 
@@ -263,13 +263,13 @@ def test_the_longest_command_is_screened_in_bounded_time() -> None:
     the fork-bomb rule busy for minutes.)"""
     n = 99_000  # the exec tool's schema allows 100 000 characters
     shapes = ["x" * n, "f(){ " * (n // 5), "rm -rf /*" + "/" * n + "x://", "{a," * (n // 3), "{a,b}" * (n // 5), "(" * n, "$(" * (n // 2)]
-    code = "import json, sys\nfrom supervisor.exec_screen import ExecScreen\nfor c in json.load(sys.stdin): ExecScreen.build().check(c)"
+    code = "import json, sys\nfrom clawsup.supervisor.tools.exec_screen import ExecScreen\nfor c in json.load(sys.stdin): ExecScreen.build().check(c)"
     # A child, so that a regression fails at the deadline rather than hanging the run.
     subprocess.run([sys.executable, "-c", code], input=json.dumps(shapes), text=True, check=True, timeout=60)
 
 
 def test_exec_check_command_prints_the_verdict_as_json(tmp_path) -> None:
-    run = lambda *a: subprocess.run([sys.executable, "-m", "supervisor.cli", "exec", "check", *a], capture_output=True, text=True, timeout=60)  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "clawsup.supervisor.control.cli", "exec", "check", *a], capture_output=True, text=True, timeout=60)  # noqa: E731
     r = run("sudo rm -rf /", "--json")
     assert r.returncode == 1, r.stderr
     assert json.loads(r.stdout) == {"allowed": False, "rule": "recursive-delete-root", "segment": "rm -rf /"}

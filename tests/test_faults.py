@@ -366,7 +366,7 @@ def test_shutdown_with_many_children_leaves_no_orphans(gateway_factory, state_di
             f'{{"id": "basics{i}", "version": "1", "entry": "plugin.py", "contracts": {{"tools": ["echo{i}"]}}}}'
         )
         (d / "plugin.py").write_text(
-            "from sandbox.api import hookimpl\n"
+            "from clawsup.sandbox.api import hookimpl\n"
             "@hookimpl\n"
             f"def clawsup_register(api):\n    api.register_tool(name='echo{i}', description='e', handler=lambda a: 'e{i}')\n"
         )

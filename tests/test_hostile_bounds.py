@@ -24,13 +24,13 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.arguments import check_arguments
-from supervisor.control import ControlClient
-from supervisor.errors import BadToolArguments
-from supervisor.registry import Kind, Registration, Registry
-from supervisor.sandbox_log import BUDGET_BYTES_PER_S
-from supervisor.session_store import file_name, read_session
-from supervisor.workspaces import workspace_sandbox_id
+from clawsup.supervisor.tools.arguments import check_arguments
+from clawsup.supervisor.control.api import ControlClient
+from clawsup.supervisor.errors import BadToolArguments
+from clawsup.supervisor.sandboxes.registry import Kind, Registration, Registry
+from clawsup.supervisor.sandboxes.log import BUDGET_BYTES_PER_S
+from clawsup.supervisor.messages.session_store import file_name, read_session
+from clawsup.supervisor.tools.workspaces import workspace_sandbox_id
 from tests.conftest import TEST_PLUGINS, Gateway, make_config, open_paths_wrap, require_bwrap, wait_gone
 from tests.helpers.sse import read_events
 

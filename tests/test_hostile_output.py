@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.host_client import exec_output_bound
-from supervisor.printable import printable
+from clawsup.supervisor.sandboxes.host_client import exec_output_bound
+from clawsup.supervisor.printable import printable
 from tests.conftest import CLAWSUP, IN_CI, ROOT, TEST_PLUGINS, Gateway, make_config, require_backend, workspace_config
 
 FORGER = TEST_PLUGINS / "forger"
@@ -308,7 +308,7 @@ EXEC_DRIVER = textwrap.dedent(
                 return int(line.split()[1])
 
     async def main(path, command, cap):
-        from supervisor.host_client import AnswerTooLarge, ExecResult, HostClient
+        from clawsup.supervisor.sandboxes.host_client import AnswerTooLarge, ExecResult, HostClient
         client = HostClient(path, "supervisor-token", "host-token")
         rss0 = kib("VmRSS")
         chunks, result = [], None
@@ -381,7 +381,7 @@ def test_an_exec_message_past_the_limit_is_refused_with_a_reason(hostile_host: s
 # side holds even when a host has fallen.)
 HIJACK = textwrap.dedent(
     '''
-    from sandbox.host import exec_runner
+    from clawsup.sandbox.host import exec_runner
 
     async def flood(self, command, *, cwd, timeout_s, cap, emit):
         size = 1024 * 1024
@@ -444,8 +444,8 @@ SUPERVISOR_LOGGING = textwrap.dedent(
     import sys
     from pathlib import Path
     from loguru import logger
-    from supervisor.gateway import setup_logging
-    from supervisor.paths import StatePaths
+    from clawsup.supervisor.control.gateway import setup_logging
+    from clawsup.supervisor.paths import StatePaths
 
     paths = StatePaths(Path(sys.argv[1]))
     paths.logs.mkdir(parents=True, exist_ok=True)

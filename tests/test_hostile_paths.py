@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.socket_paths import SUN_PATH_MAX
+from clawsup.sandbox.socket_paths import SUN_PATH_MAX
 from tests.conftest import CLAWSUP, TEST_PLUGINS, Gateway, make_config, require_backend
 
 SOCKSWAP = TEST_PLUGINS / "sockswap"

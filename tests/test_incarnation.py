@@ -1,5 +1,5 @@
 """One incarnation, one owner: a failure injected at each point of a sandbox's life,
-and of the gateway's, leaves no process behind (supervisor/incarnation.py).
+and of the gateway's, leaves no process behind (supervisor/sandboxes/incarnation.py).
 
 These run the gateway in the test's own event loop (`run_gateway`), so that a
 failure can be injected between two of its awaits; the children are real (the
@@ -22,11 +22,11 @@ import psutil
 import pytest
 from loguru import logger
 
-from supervisor.errors import ClawsupError, SandboxDied, SandboxUnavailable
-from supervisor.gateway import GatewayOptions, run_gateway
-from supervisor.lifecycle import SandboxState, Transition
-from supervisor.manager import SandboxManager
-from supervisor.supervised import SupervisedSandbox
+from clawsup.supervisor.errors import ClawsupError, SandboxDied, SandboxUnavailable
+from clawsup.supervisor.control.gateway import GatewayOptions, run_gateway
+from clawsup.supervisor.sandboxes.lifecycle import SandboxState, Transition
+from clawsup.supervisor.sandboxes.manager import SandboxManager
+from clawsup.supervisor.sandboxes.supervised import SupervisedSandbox
 from tests.conftest import PLUGINS, Gateway, make_config, open_paths_wrap, wait_gone
 
 S = SandboxState
@@ -99,7 +99,7 @@ async def test_a_failing_gateway_task_kills_every_child(state_dir: Path, logs: L
     gateway; every child, and what the children started, is dead by the time
     run_gateway returns: nothing waits for a cgroup or a warden to sweep up later."""
     armed = asyncio.Event()
-    from supervisor import subagents
+    from clawsup.supervisor.agents import subagents
 
     async def failing_run(self: Any, stop: asyncio.Event) -> None:
         await armed.wait()

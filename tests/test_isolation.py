@@ -14,11 +14,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clawsup.v1 import host_pb2, host_pb2_grpc
-from sandbox.cgroup import CgroupRoot
-from sandbox.handshake import GatePayload
-from sandbox.launcher import Limits, LaunchSpec, MiB
-from sandbox.process import ADDRESS_SPACE_HEADROOM, ProcessLauncher
-from supervisor.host_client import HostAuthError, HostClient
+from clawsup.sandbox.launch.cgroup import CgroupRoot
+from clawsup.sandbox.handshake import GatePayload
+from clawsup.sandbox.launch.launcher import Limits, LaunchSpec, MiB
+from clawsup.sandbox.launch.process import ADDRESS_SPACE_HEADROOM, ProcessLauncher
+from clawsup.supervisor.sandboxes.host_client import HostAuthError, HostClient
 from tests.conftest import PLUGINS, make_config, cgroups_available
 
 

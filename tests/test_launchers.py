@@ -25,9 +25,9 @@ from typing import Any
 import psutil
 import pytest
 
-from sandbox.cgroup import CgroupRoot
-from sandbox.handshake import GatePayload
-from sandbox.launcher import Child, ChildUser, Launcher, Limits, LaunchSpec
+from clawsup.sandbox.launch.cgroup import CgroupRoot
+from clawsup.sandbox.handshake import GatePayload
+from clawsup.sandbox.launch.launcher import Child, ChildUser, Launcher, Limits, LaunchSpec
 from tests.conftest import cgroups_available, require_backend, wait_gone
 
 MAX_LAG_S = 0.05
@@ -62,15 +62,15 @@ async def launcher_for(backend: str, root: Path) -> AsyncIterator[tuple[Any, Cgr
     require_backend(backend)
     cgroups = await asyncio.to_thread(CgroupRoot.create) if backend != "docker" else None
     if backend == "docker":
-        from sandbox.container import DockerLauncher
+        from clawsup.sandbox.launch.container import DockerLauncher
 
         launcher: Launcher = await asyncio.to_thread(DockerLauncher, root)
     elif backend == "bwrap":
-        from sandbox.bwrap import BwrapLauncher
+        from clawsup.sandbox.launch.bwrap import BwrapLauncher
 
         launcher = await asyncio.to_thread(BwrapLauncher, cgroups)
     else:
-        from sandbox.process import ProcessLauncher
+        from clawsup.sandbox.launch.process import ProcessLauncher
 
         launcher = await asyncio.to_thread(ProcessLauncher, cgroups)
     try:
@@ -120,7 +120,7 @@ def cgroup_dirs(cgroups: CgroupRoot | None, sandbox_id: str) -> list[Path]:
 def containers_of(root: Path) -> list[str]:
     import docker
 
-    from sandbox.container import STATE_LABEL
+    from clawsup.sandbox.launch.container import STATE_LABEL
 
     client = docker.from_env()
     try:

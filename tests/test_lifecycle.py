@@ -6,8 +6,8 @@ from collections import deque
 
 import pytest
 
-from sandbox.launcher import ExitStatus
-from supervisor.lifecycle import EDGES, IllegalTransition, Lifecycle, RestartPolicy, SandboxState, Transition
+from clawsup.sandbox.launch.launcher import ExitStatus
+from clawsup.supervisor.sandboxes.lifecycle import EDGES, IllegalTransition, Lifecycle, RestartPolicy, SandboxState, Transition
 
 S = SandboxState
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.handshake import LOAD_ERROR_EXIT, LoadError, format_load_error, parse_load_error
+from clawsup.sandbox.handshake import LOAD_ERROR_EXIT, LoadError, format_load_error, parse_load_error
 from tests.conftest import TEST_PLUGINS, Gateway, make_config, require_backend
 
 pytestmark = pytest.mark.fault
@@ -30,7 +30,7 @@ LOADABLE = TEST_PLUGINS / "loadable"
 # Without fail-fast, the default budget (5 restarts with backoff) took about 30 s.
 FAILED_WITHIN_S = 10
 
-HEADER = "from sandbox.api import hookimpl\n"
+HEADER = "from clawsup.sandbox.api import hookimpl\n"
 
 CAUSES: dict[str, dict[str, Any]] = {
     "missing_entry": {

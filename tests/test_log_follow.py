@@ -5,8 +5,8 @@ reads slowly, or not at all, never slows the child; the count of lines the log's
 budget dropped is written within a second of the flood's end with no line after it
 to carry it; and a restart gives the new child the whole budget.
 
-supervisor/sandbox_log.py (`Follower`, the budget's timer, `new_incarnation`) and
-supervisor/control.py (`_forward_log`).
+supervisor/sandboxes/log.py (`Follower`, the budget's timer, `new_incarnation`) and
+supervisor/control/api.py (`_forward_log`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from supervisor.sandbox_log import MAX_LINE
+from clawsup.supervisor.sandboxes.log import MAX_LINE
 from tests.conftest import CLAWSUP, PLUGINS, TEST_PLUGINS, Gateway, make_config
 
 NOTE = re.compile(r"^(\S+) \[clawsup\] dropped (\d+) line\(s\): output over \d+ KiB/s$")

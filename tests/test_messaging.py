@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.session_store import file_name, read_session
+from clawsup.supervisor.messages.session_store import file_name, read_session
 from tests.conftest import Gateway, make_config
 from tests.helpers.sse import read_events
 

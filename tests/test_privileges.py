@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.uids import SandboxUids, UidAllocator
+from clawsup.sandbox.launch.uids import SandboxUids, UidAllocator
 from tests.conftest import IN_CI, PLUGINS, ROOT, make_config
 
 OPEN_PATHS = Path(__file__).resolve().parent / "helpers" / "open_paths.py"

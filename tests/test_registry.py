@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.errors import RegistrationRefused
-from supervisor.registry import CORE_OWNER, Kind, Registration, Registry
+from clawsup.supervisor.errors import RegistrationRefused
+from clawsup.supervisor.sandboxes.registry import CORE_OWNER, Kind, Registration, Registry
 
 
 def tool(name: str, owner: str) -> Registration:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import ClawsupConfig
-from supervisor.routing import Peer, RouteInput, Router
+from clawsup.supervisor.config import ClawsupConfig
+from clawsup.supervisor.messages.routing import Peer, RouteInput, Router
 
 AGENTS = {"list": [{"id": "main", "default": True}, {"id": "work"}, {"id": "ops"}, {"id": "fam"}, {"id": "mods"}, {"id": "team"}, {"id": "biz"}, {"id": "tg"}, {"id": "thread"}]}
 
@@ -120,7 +120,7 @@ def test_route_explain_without_a_gateway(tmp_path) -> None:
         "// an OpenClaw config, unchanged\n"
         + json.dumps({"agents": AGENTS, "bindings": BINDINGS, "session": {"dmScope": "per-channel-peer"}, "gateway": {"port": 18789}})
     )
-    run = lambda *a: subprocess.run([sys.executable, "-m", "supervisor.cli", "route", "explain", "--config", str(cfg), *a], capture_output=True, text=True, timeout=60)  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "clawsup.supervisor.control.cli", "route", "explain", "--config", str(cfg), *a], capture_output=True, text=True, timeout=60)  # noqa: E731
     r = run("--channel", "discord", "--peer-kind", "channel", "--peer-id", "T-9", "--parent-kind", "channel", "--parent-id", "C-threads", "--guild", "G1", "--thread", "T-9", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {

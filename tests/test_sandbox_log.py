@@ -9,8 +9,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from supervisor.child_output import ChildOutput
-from supervisor.sandbox_log import LINE_COST, LineSplitter, SandboxLog, Skipped, read_tail, tail_lines
+from clawsup.supervisor.sandboxes.child_output import ChildOutput
+from clawsup.supervisor.sandboxes.log import LINE_COST, LineSplitter, SandboxLog, Skipped, read_tail, tail_lines
 
 
 def test_splitter_cuts_long_lines_and_keeps_memory_bounded() -> None:
@@ -129,7 +129,7 @@ def test_tail_lines_splits_on_newlines_only(tmp_path: Path) -> None:
 
 
 def test_a_plugin_log_message_keeps_its_lines_tagged_and_the_rest_escaped(tmp_path: Path) -> None:
-    from supervisor.child_requests import Requester, _log
+    from clawsup.supervisor.sandboxes.child_requests import Requester, _log
 
     log = SandboxLog(tmp_path / "p.log")
     who = Requester(sandbox_id="p", plugin_id="p", log=log)

@@ -79,7 +79,7 @@ def sentinels() -> Iterator[list[Path]]:
 def test_the_host_runtime_imports_nothing_of_the_supervisor() -> None:
     """bwrap binds `sandbox` and `clawsup` only; this is what makes that enough."""
     code = (
-        "import sys, sandbox.host.__main__, sandbox.host.server, sandbox.host.subagent\n"
+        "import sys, clawsup.sandbox.host.__main__, clawsup.sandbox.host.server, clawsup.sandbox.host.subagent\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'supervisor', 'plugins', 'tests'}))"
     )
     r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
@@ -87,7 +87,7 @@ def test_the_host_runtime_imports_nothing_of_the_supervisor() -> None:
 
 
 def test_bwrap_binds_the_runtime_not_the_checkout_or_the_home() -> None:
-    from sandbox.bwrap import runtime_paths
+    from clawsup.sandbox.launch.bwrap import runtime_paths
 
     paths = runtime_paths()
     assert str(ROOT) not in paths and str(HOME) not in paths
@@ -434,7 +434,7 @@ def test_a_folder_the_supervisor_cannot_read_counts_as_over_the_limit(tmp_path: 
     code = (
         f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
         "from pathlib import Path\n"
-        "from supervisor.disk_usage import WorkspaceDisk\n"
+        "from clawsup.supervisor.sandboxes.disk_usage import WorkspaceDisk\n"
         f"print(WorkspaceDisk(Path({str(ws)!r}), 1024 * 1024)._walk(__import__('threading').Event()))\n"
     )
     try:

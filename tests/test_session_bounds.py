@@ -3,8 +3,8 @@ send a message to a real gateway (offline model, http channel), and afterwards i
 open descriptors and asyncio tasks are back within a small constant of before, its
 open session files within `sessionStore.maxOpenFiles`, and every message was
 answered. Lanes end with their work, session files are closed least-recently-used,
-histories are kept for a bounded number of sessions (supervisor/dispatcher.py,
-supervisor/session_store.py, supervisor/agent_loop.py)."""
+histories are kept for a bounded number of sessions (supervisor/messages/lanes.py,
+supervisor/messages/session_store.py, supervisor/agents/loop.py)."""
 
 from __future__ import annotations
 

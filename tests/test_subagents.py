@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.session_store import file_name, read_session
+from clawsup.supervisor.messages.session_store import file_name, read_session
 from tests.conftest import CLAWSUP, PLUGINS, Gateway, make_config, require_backend, wait_gone
 from tests.helpers.model_stubs import Stub
 from tests.helpers.sse import read_events

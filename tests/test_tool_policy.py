@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.tool_policy import Caller, decide
+from clawsup.supervisor.agents.tool_policy import Caller, decide
 
 AVAILABLE = {
     "exec": "core", "read": "core", "write": "core", "edit": "core", "list_dir": "core",
@@ -72,7 +72,7 @@ def test_tools_explain_without_a_gateway(tmp_path) -> None:
         "agents": {"list": [{"id": "main", "default": True}, {"id": "ops", "tools": {"deny": ["exec"]}}]},
         "tools": {"profile": "coding", "alsoAllow": ["echo"], "ownerOnly": ["write"]},
     }))  # fmt: skip
-    run = lambda *a: subprocess.run([sys.executable, "-m", "supervisor.cli", "tools", "explain", "--config", str(cfg), *a], capture_output=True, text=True, timeout=60)  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "clawsup.supervisor.control.cli", "tools", "explain", "--config", str(cfg), *a], capture_output=True, text=True, timeout=60)  # noqa: E731
     r = run("--agent", "ops", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from sandbox.process import _others_can_run
-from supervisor.config import parse_config
-from supervisor.errors import ConfigError
-from supervisor.names import RESERVED_IDS, RESERVED_PREFIXES
-from supervisor.plans import build_plans, choose_backend
+from clawsup.sandbox.launch.process import _others_can_run
+from clawsup.supervisor.config import parse_config
+from clawsup.supervisor.errors import ConfigError
+from clawsup.supervisor.names import RESERVED_IDS, RESERVED_PREFIXES
+from clawsup.supervisor.sandboxes.plans import build_plans, choose_backend
 from tests.conftest import CLAWSUP, PLUGINS, TEST_PLUGINS, make_config, require_bwrap, trust_our_plugins
 
 GREEDY = TEST_PLUGINS / "greedy"
@@ -45,7 +45,7 @@ def plugin_folder(tmp_path: Path, manifest: dict[str, Any], code: str = "") -> P
     d = tmp_path / manifest["id"]
     d.mkdir(parents=True)
     (d / "clawsup.plugin.json").write_text(json.dumps(manifest))
-    (d / "plugin.py").write_text(code or "from sandbox.api import hookimpl\n\n@hookimpl\ndef clawsup_register(api):\n    pass\n")
+    (d / "plugin.py").write_text(code or "from clawsup.sandbox.api import hookimpl\n\n@hookimpl\ndef clawsup_register(api):\n    pass\n")
     return d
 
 
@@ -283,7 +283,7 @@ def test_an_oversized_manifest_is_refused(state_dir: Path, tmp_path: Path) -> No
 
 def test_oversized_tool_metadata_is_refused_and_the_rest_stays(gateway_factory, tmp_path: Path) -> None:
     code = (
-        "from sandbox.api import hookimpl\n\n"
+        "from clawsup.sandbox.api import hookimpl\n\n"
         "@hookimpl\n"
         "def clawsup_register(api):\n"
         "    api.register_tool(name='fat_description', description='x' * 100_000, handler=lambda a: 'no')\n"
@@ -343,7 +343,7 @@ def test_a_flood_of_refused_tools_is_counted_not_logged_one_by_one(gateway_facto
     counted in one line; the logs stay small and the gateway answers."""
     require_bwrap()
     code = (
-        "from sandbox.api import hookimpl\n\n"
+        "from clawsup.sandbox.api import hookimpl\n\n"
         "@hookimpl\n"
         "def clawsup_register(api):\n"
         "    api.register_tool(name='fine', description='a normal tool', handler=lambda a: 'fine')\n"
@@ -364,7 +364,7 @@ def test_a_flood_of_refused_tools_is_counted_not_logged_one_by_one(gateway_facto
 
 
 def test_two_agents_never_share_a_workspace_sandbox() -> None:
-    from supervisor.workspaces import workspace_sandbox_id
+    from clawsup.supervisor.tools.workspaces import workspace_sandbox_id
 
     a, b = "customer-support-bot-for-the-public-site-public", "customer-support-bot-for-the-public-site-internal"
     assert workspace_sandbox_id("agent", a, None) != workspace_sandbox_id("agent", b, None)

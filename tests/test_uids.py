@@ -1,4 +1,4 @@
-"""Sandbox uids come from one record per machine (sandbox/uids.py), not from a hash of
+"""Sandbox uids come from one record per machine (sandbox/launch/uids.py), not from a hash of
 the id: a plugin cannot pick an id that lands on another sandbox's uid, two
 supervisors never share one, and a uid still in use by a process is never handed on.
 

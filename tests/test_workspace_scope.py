@@ -1,6 +1,6 @@
 """Which workspace sandbox serves a core tool call: by agent, by session, or one for
 all, as configured, and never by the tool's arguments; and how a session's sandbox
-is discarded when idle (supervisor/workspaces.py, SandboxManager.discard)."""
+is discarded when idle (supervisor/tools/workspaces.py, SandboxManager.discard)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.config import load_config
-from supervisor.errors import ConfigError
-from supervisor.workspaces import IDLE_STOP_TIMEOUT_S, workspace_sandbox_id
+from clawsup.supervisor.config import load_config
+from clawsup.supervisor.errors import ConfigError
+from clawsup.supervisor.tools.workspaces import IDLE_STOP_TIMEOUT_S, workspace_sandbox_id
 from tests.conftest import CLAWSUP, Gateway, make_config, require_backend, wait_gone
 
 
@@ -172,7 +172,7 @@ def test_idle_stop_of_a_wedged_sandbox_kills_it_and_the_gateway_serves_on(gatewa
         sid = session_sandbox("stuck")
         old = psutil.Process(gw.status(sid)["pid"])
         tree = [old, *old.children(recursive=True)]
-        [host] = [p for p in tree if "sandbox.host" in " ".join(p.cmdline()) and p.name() != "bwrap"]
+        [host] = [p for p in tree if "clawsup.sandbox.host" in " ".join(p.cmdline()) and p.name() != "bwrap"]
         assert any(p.name() == "sleep" for p in tree), [p.cmdline() for p in tree]
         os.kill(host.pid, signal.SIGSTOP)
         # Hanging up ends the call on the supervisor's side; the frozen host never

@@ -7,7 +7,7 @@ import operator
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 _OPS = {
     ast.Add: operator.add,

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 
 def _crash(how: str, code: int) -> None:

@@ -1,2 +1,2 @@
-"""The child side: `python -m sandbox.host` loads one plugin folder and serves it over
+"""The child side: `python -m clawsup.sandbox.host` loads one plugin folder and serves it over
 gRPC. Never imported by the supervisor."""

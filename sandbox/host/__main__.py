@@ -1,4 +1,4 @@
-"""Entry point of a sandbox child: `python -m sandbox.host --plugin-dir DIR ...`.
+"""Entry point of a sandbox child: `python -m clawsup.sandbox.host --plugin-dir DIR ...`.
 
 The order matters and is why this file imports so little at the top:
 1. tie our life to the supervisor's (PR_SET_PDEATHSIG), then re-check the parent,
@@ -61,14 +61,14 @@ def _read_gate(fd: int) -> bytes:
 
 def _read_gate_file(path: str) -> bytes:
     """The supervisor writes the file whole before the container starts and mounts it
-    read-only; it removes the file itself once the child is gone (sandbox/container.py)."""
+    read-only; it removes the file itself once the child is gone (sandbox/launch/container.py)."""
     with open(path, "rb") as f:
         return f.read()
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m sandbox.host",
+        prog="python -m clawsup.sandbox.host",
         description=(
             "A clawsup sandbox host. It is started by the clawsup supervisor, which hands it "
             "its secrets on the start gate; running it by hand does nothing useful. "
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         # The supervisor closed the gate without opening it: it decided not to run us.
         os._exit(0)
 
-    from sandbox.handshake import GatePayload
+    from clawsup.sandbox.handshake import GatePayload
 
     gate = GatePayload.decode(raw)
     _limit_self(gate.rlimits)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.workdir:
         os.chdir(args.workdir)
 
-    from sandbox.host.server import run
+    from clawsup.sandbox.host.server import run
 
     run(plugin_dir=args.plugin_dir, socket_path=args.socket, gate=gate)
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from sandbox.output_cap import HeadTail
+from clawsup.sandbox.output_cap import HeadTail
 
 READ_CHUNK = 64 * 1024
 READS_PER_WAKEUP = 16

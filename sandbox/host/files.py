@@ -27,8 +27,8 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from sandbox.api import PluginApi, ToolError
-from sandbox.protected import normalize
+from clawsup.sandbox.api import PluginApi, ToolError
+from clawsup.sandbox.protected import normalize
 
 MAX_EDIT_BYTES = 8 * 1024 * 1024
 READ_SKIP = 1024 * 1024

@@ -10,7 +10,7 @@ from typing import Any
 
 from clawsup.v1 import host_pb2 as pb
 
-from sandbox.api import SupervisorRefused
+from clawsup.sandbox.api import SupervisorRefused
 
 # Bounded: a plugin that logs faster than the supervisor reads loses lines (counted),
 # it does not grow the child without end.

@@ -15,8 +15,8 @@ from typing import Any
 
 import pluggy
 
-from sandbox.api import PROJECT_NAME, PluginApi, PluginSpec
-from sandbox.handshake import LoadError
+from clawsup.sandbox.api import PROJECT_NAME, PluginApi, PluginSpec
+from clawsup.sandbox.handshake import LoadError
 
 # How many declared names a "registered none" message lists before it counts.
 NAMED_TOOLS = 10
@@ -86,7 +86,7 @@ def _registered_none(folder: Path, module: ModuleType, pm: pluggy.PluginManager,
         if code is not None and (rel := _inside(folder, code.co_filename)) is not None:
             where = f"{rel}:{_def_line(code.co_filename, code.co_firstlineno)} in clawsup_register"
     elif callable(getattr(module, "clawsup_register", None)):
-        message += "; its clawsup_register lacks the @hookimpl mark (from sandbox.api import hookimpl)"
+        message += "; its clawsup_register lacks the @hookimpl mark (from clawsup.sandbox.api import hookimpl)"
     else:
         message += "; its entry module defines no clawsup_register"
     if api.not_served:

@@ -1,6 +1,6 @@
 """The child's gRPC server: serves the one plugin it loaded until told to stop.
 
-Created by `sandbox.host.__main__` after the start gate opened; lives as long as the
+Created by `clawsup.sandbox.host.__main__` after the start gate opened; lives as long as the
 child process.
 
 The host's own words (diagnostics on stderr, the handshake or load error line on
@@ -28,8 +28,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from clawsup.v1 import host_pb2 as pb
 from clawsup.v1 import host_pb2_grpc as pb_grpc
-from sandbox.api import PluginApi, SupervisorRefused, Tool, ToolError
-from sandbox.handshake import (
+from clawsup.sandbox.api import PluginApi, SupervisorRefused, Tool, ToolError
+from clawsup.sandbox.handshake import (
     HOST_TOKEN_METADATA_KEY,
     LOAD_ERROR_EXIT,
     TOKEN_METADATA_KEY,
@@ -37,12 +37,12 @@ from sandbox.handshake import (
     format_handshake,
     format_load_error,
 )
-from sandbox.host.exec_runner import ExecRunner, become_subreaper
-from sandbox.host.files import Workspace
-from sandbox.host.link import SupervisorLink
-from sandbox.host.subagent import run_task
-from sandbox.host.loader import PluginLoadFailed, load_error, load_plugin
-from sandbox.socket_paths import short_address
+from clawsup.sandbox.host.exec_runner import ExecRunner, become_subreaper
+from clawsup.sandbox.host.files import Workspace
+from clawsup.sandbox.host.link import SupervisorLink
+from clawsup.sandbox.host.subagent import run_task
+from clawsup.sandbox.host.loader import PluginLoadFailed, load_error, load_plugin
+from clawsup.sandbox.socket_paths import short_address
 
 PROTOCOL = "clawsup.v1"
 # The host's own stdout and stderr, duplicated in `run` before the plugin loads.

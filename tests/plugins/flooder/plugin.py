@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 LONG_LINE_CHARS = 12_000
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from sandbox.api import ToolError, hookimpl
+from clawsup.sandbox.api import ToolError, hookimpl
 
 # What a sandbox log line of the supervisor looks like, to be passed off as one.
 FORGED = "2030-01-01T00:00:00.000Z [clawsup] ready"

@@ -6,7 +6,7 @@ import os
 import resource
 import socket
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 
 @hookimpl

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 ESC = "\x1b]0;pwned\x07\x1b[2J\x1b[31m"
 FORGED_LINE = "2099-01-01T00:00:00.000Z [clawsup] ready: all is well"
@@ -47,7 +47,7 @@ def noise_forge(args: dict) -> str:
 def _exit_after_handshake(marker: str) -> None:
     """Start a detached process, then wrap the host's own announcement so that the
     host exits with the load error code right after printing its handshake."""
-    import sandbox.host.server as host
+    import clawsup.sandbox.host.server as host
 
     subprocess.Popen(
         [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)", marker],

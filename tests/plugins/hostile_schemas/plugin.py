@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 
 def doubling_refs(depth: int) -> dict:

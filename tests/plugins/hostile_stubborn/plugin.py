@@ -8,14 +8,14 @@ import signal
 import subprocess
 import sys
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 STAY = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 
 
 @hookimpl
 def clawsup_register(api) -> None:
-    import sandbox.host.server as host
+    import clawsup.sandbox.host.server as host
 
     marker = api.config.get("marker", "hostile-stubborn-marker")
 

@@ -1,4 +1,4 @@
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 
 @hookimpl

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 FORECAST = {
     "type": "object",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 
 def quit_sync(args: dict) -> str:

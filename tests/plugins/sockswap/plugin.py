@@ -9,7 +9,7 @@ import os
 import socket
 import stat
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 
 def _socket_path() -> str:
@@ -57,7 +57,7 @@ def _plant_before_handshake(kind: str, target: str) -> None:
     only once the name is no longer the socket. The host writes that line through its
     own copy of stdout (a plugin's sys.stdout never sees it), but plugin code shares
     the host's process, so it wraps the host's function that writes it."""
-    from sandbox.host import server
+    from clawsup.sandbox.host import server
 
     announce = server._announce
 

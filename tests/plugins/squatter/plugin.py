@@ -4,7 +4,7 @@ write). It runs at registration, so every start plants again for the next one.""
 
 import os
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 
 def _socket_dir() -> str:

@@ -15,7 +15,7 @@ import re
 import subprocess
 import sys
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 # In a child, so that an attach that works ends when that child exits and never
 # leaves the supervisor traced (or stopped) behind the test.

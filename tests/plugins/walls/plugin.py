@@ -9,7 +9,7 @@ import os
 import subprocess
 import time
 
-from sandbox.api import hookimpl
+from clawsup.sandbox.api import hookimpl
 
 
 def walls_look(args: dict) -> dict:

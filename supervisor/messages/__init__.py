@@ -1,0 +1,3 @@
+"""Where a message is routed: channels bring messages in, the bus queues them,
+`routing` picks the agent, `session_key` the conversation, `lanes` runs each
+session's turns one at a time, and `session_store` keeps them on disk."""

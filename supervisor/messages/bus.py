@@ -1,0 +1,138 @@
+"""The message bus: what channels put in, what they get back.
+
+Channels hand a message in with `submit`, which never waits for room: past the
+gateway's bound (`bus.inboundCapacity` messages held, that is handed in and not yet
+answered) it refuses at once with `GatewayBusy`, and the channel tells its sender to
+retry (HTTP 429 with `Retry-After`; a `gateway_busy` error on the cli). The
+dispatcher `release`s each message when its turn has ended or it was refused, so
+the count is what the gateway holds, not what one queue holds. `/stop` goes through
+its own small queue and is never refused: it must reach a session that is busy.
+
+Replies and progress notes leave through `outbound`, each addressed to where its
+message came from.
+
+Created by the gateway; shared by the channels and the dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+from clawsup.supervisor.errors import ClawsupError
+from clawsup.supervisor.messages.routing import Peer, Route, RouteInput
+
+STOP_COMMAND = "/stop"
+STOP_QUEUE = 64
+"""`/stop`s waiting for the dispatcher. Each is handled at once (it cancels, it does
+not queue behind a turn), so this fills only in a burst; a channel then waits for
+room rather than refuse a `/stop`."""
+RETRY_AFTER_S = 2
+"""What a busy answer tells the sender to wait before trying again (seconds)."""
+
+
+class Busy(ClawsupError):
+    """A message refused for want of room; nothing of it was kept. The sender may
+    retry after `retry_after_s`."""
+
+    code = "busy"
+
+    def __init__(self, message: str, retry_after_s: int = RETRY_AFTER_S) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class SessionBusy(Busy):
+    """The session already holds a turn and `bus.sessionQueue` messages behind it."""
+
+    code = "session_busy"
+
+
+class GatewayBusy(Busy):
+    """The gateway already holds `bus.inboundCapacity` messages."""
+
+    code = "gateway_busy"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplyTarget:
+    """Where a reply goes: the originating channel, account, peer and thread, and the
+    channel's own handle on the conversation (an HTTP stream, a CLI connection)."""
+
+    channel: str
+    account_id: str
+    peer: Peer
+    thread_id: str | None = None
+    conversation: str = ""
+
+
+@dataclass(kw_only=True)
+class InboundMessage:
+    source: RouteInput
+    """Identity, exactly as the channel adapter saw it."""
+    text: str
+    reply_to: ReplyTarget
+    agent_override: str | None = None
+    """Only the operator's own channel (the CLI) may name the agent."""
+    role: str = "user"
+    """`system` for what the gateway itself tells a session (a subagent's announce)."""
+    route: Route | None = None
+    """Set by the gateway for its own messages: the session they belong to, as
+    routed when the work was handed off (routing is not asked again)."""
+    id: str = field(default_factory=lambda: f"m-{uuid.uuid4().hex[:16]}")
+    """Unique across restarts: a session file outlives the supervisor."""
+    accepted: asyncio.Future[Route] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    """Resolved once the message is in its session (durably, per the fsync policy);
+    failed if it was refused."""
+    held: bool = False
+    """Counted against the gateway's bound (it came through `submit`) until released."""
+
+    def is_stop(self) -> bool:
+        return self.role == "user" and self.text.strip() == STOP_COMMAND
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutboundMessage:
+    target: ReplyTarget
+    text: str
+    session_key: str
+    agent_id: str
+    in_reply_to: str
+    progress: bool = False
+    """A note while the turn runs ("working…"), not the answer."""
+    final: bool = True
+    """The last message for `in_reply_to`."""
+
+
+class MessageBus:
+    def __init__(self, inbound_capacity: int = 1000, outbound_capacity: int = 1000) -> None:
+        self.capacity = inbound_capacity
+        self.held = 0
+        """Messages handed in through `submit` and not yet released."""
+        # Not bounded by its size: `submit` admits at most `capacity` channel
+        # messages; the gateway's own (a subagent's report, put here directly) are
+        # bounded by the subagent limits, and must not be refused.
+        self.inbound: asyncio.Queue[InboundMessage] = asyncio.Queue()
+        self.stops: asyncio.Queue[InboundMessage] = asyncio.Queue(STOP_QUEUE)
+        self.outbound: asyncio.Queue[OutboundMessage] = asyncio.Queue(outbound_capacity)
+
+    async def submit(self, msg: InboundMessage) -> None:
+        """Hand a channel's message in. Raises GatewayBusy, at once, when the gateway
+        holds its capacity; only a `/stop` may wait (briefly) for room."""
+        if msg.is_stop():
+            await self.stops.put(msg)
+            return
+        if self.held >= self.capacity:
+            raise GatewayBusy(
+                f"the gateway is busy: it holds {self.held} messages not yet answered (bus.inboundCapacity is {self.capacity}); nothing was kept, try again in {RETRY_AFTER_S} s"
+            )
+        self.held += 1
+        msg.held = True
+        self.inbound.put_nowait(msg)
+
+    def release(self, msg: InboundMessage) -> None:
+        """The message's turn has ended, or it was refused: it no longer counts."""
+        if msg.held:
+            msg.held = False
+            self.held -= 1

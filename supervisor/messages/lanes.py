@@ -1,0 +1,359 @@
+"""From the inbound queue to replies: route each message, put it in its session, run
+the session's turns one at a time, and send each answer back where it came from.
+
+Each session key with work has a lane: messages are written to the session (and
+acknowledged) in arrival order as they come, and its turns run strictly in that
+order, one at a time; different sessions' lanes run concurrently. There is no global
+lock: a slow turn holds only its own session. `/stop` is handled as it arrives, not
+queued: it cancels that session's turn in flight (and, through cancellation, whatever
+the turn started) and nothing else.
+
+Bounds, each held where a message first arrives (the pump, in one synchronous step,
+so that no burst can slip past between loop ticks):
+- a session holds the message at its turn and at most `bus.sessionQueue` waiting
+  behind it; one more is refused with `SessionBusy` before anything of it is written
+  (tests/test_messaging.py::test_a_busy_session_refuses_past_its_bound_with_429);
+- the gateway holds at most `bus.inboundCapacity` messages (see supervisor/messages/bus.py);
+- a lane lives only while its session has work: when its last turn ends its tasks
+  end and it is forgotten, so idle sessions cost nothing
+  (tests/test_session_bounds.py).
+
+Created by the gateway; `run()` owns a task group with the inbound and `/stop`
+pumps, the outbound pump, and one task per session with work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from loguru import logger
+
+from clawsup.supervisor.messages.bus import STOP_COMMAND, InboundMessage, MessageBus, OutboundMessage, SessionBusy
+from clawsup.supervisor.errors import ClawsupError
+from clawsup.supervisor.agents.providers.offline import sleep_turn
+from clawsup.supervisor.messages.routing import Route, Router
+from clawsup.supervisor.messages.session_store import SessionStore
+
+__all__ = ["STOP_COMMAND", "Agent", "Answer", "Dispatcher", "PlaceholderAgent", "Progress", "SessionBusy"]
+
+
+Progress = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A turn's reply, and what the session keeps beside it (the turn's tokens)."""
+
+    text: str
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+class Agent(Protocol):
+    """What runs a turn: the agent loop, or the placeholder."""
+
+    async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str | Answer: ...
+
+    async def stop_session(self, session_key: str) -> int:
+        """`/stop`: cancel the background work this session started (subagent
+        runs); returns how many were running."""
+        ...
+
+
+class PlaceholderAgent:
+    """Messaging without sandboxes or a model (the gateway uses the agent loop):
+    acknowledges each message with the agent id and the session key, and takes the
+    offline model's `/sleep N`. For the in-process benchmark and tests of the
+    dispatcher itself."""
+
+    async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str:
+        text = message.text.strip()
+        slept = await sleep_turn(text, route.agent_id, route.session_key, progress)
+        return slept if slept is not None else f"[{route.agent_id}] received in {route.session_key}: {text}"
+
+    async def stop_session(self, session_key: str) -> int:
+        return 0
+
+
+Item = tuple[InboundMessage, Route]
+
+
+@dataclass
+class _Lane:
+    """One session's work: made by the pump for the first message of a session with
+    none, owned by the dispatcher's task group, ended when `held` drops to 0."""
+
+    key: str
+    unwritten: asyncio.Queue[Item | None] = field(default_factory=asyncio.Queue)
+    """Routed here, not yet in the session file."""
+    written: asyncio.Queue[Item | None] = field(default_factory=asyncio.Queue)
+    """In the session (acknowledged), waiting for their turn."""
+    held: int = 0
+    """Messages given to this lane whose turn has not ended: what is in the two
+    queues plus the one at its turn. The bound is checked against this count."""
+    task: asyncio.Task[None] | None = None
+    closing: bool = False
+    """Set (synchronously) when the lane's last message is done: a message arriving
+    after that opens a new lane rather than land in a queue nobody reads."""
+    turn: asyncio.Task[str | Answer] | None = None
+    turn_of: InboundMessage | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        bus: MessageBus,
+        router: Router,
+        store: SessionStore,
+        agent: Agent,
+        channels: Mapping[str, Any],
+        session_queue: int = 100,
+    ) -> None:
+        self.bus = bus
+        self.router = router
+        self.store = store
+        self.agent = agent
+        self.channels = channels
+        """Channel name -> adapter with `async send(OutboundMessage)`."""
+        self._session_queue = session_queue
+        self._lanes: dict[str, _Lane] = {}
+        self._tg: asyncio.TaskGroup | None = None
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            tg.create_task(self._inbound(), name="bus inbound")
+            tg.create_task(self._stops(), name="bus stops")
+            tg.create_task(self._outbound(), name="bus outbound")
+            if self.store.fsync == "interval":
+                tg.create_task(self.store.flush_periodically(), name="session fsync")
+
+    def lanes(self) -> int:
+        """Sessions with work right now (for stats and tests)."""
+        return len(self._lanes)
+
+    # -- inbound ---------------------------------------------------------------
+
+    async def _inbound(self) -> None:
+        while True:
+            msg = await self.bus.inbound.get()
+            if msg.is_stop():  # put on the queue directly rather than submitted
+                route = self._route(msg)
+                if route is not None:
+                    await self._stop(msg, route)
+                continue
+            self._admit(msg)
+
+    async def _stops(self) -> None:
+        """`/stop` has its own way in, so that neither a full gateway nor a long
+        inbound queue holds it back."""
+        while True:
+            msg = await self.bus.stops.get()
+            route = self._route(msg)
+            if route is not None:
+                await self._stop(msg, route)
+
+    def _route(self, msg: InboundMessage) -> Route | None:
+        try:
+            return msg.route or self.router.resolve(msg.source, agent_override=msg.agent_override)
+        except Exception as e:  # a router bug must cost this message only
+            logger.exception("routing failed for {}", msg.id)
+            self._refuse(msg, ClawsupError(f"routing failed: {e}"))
+            return None
+
+    def _admit(self, msg: InboundMessage) -> None:
+        """Give the message to its session's lane, or refuse it now. Synchronous on
+        purpose: the count checked is the count updated, whatever arrives next."""
+        route = self._route(msg)
+        if route is None:
+            return
+        lane = self._lane(route.session_key)
+        # The gateway's own messages (a subagent's report, `route` set) are bounded
+        # by the subagent limits and must reach the session: they are not refused.
+        if msg.route is None and lane.held > self._session_queue:
+            self._refuse(
+                msg,
+                SessionBusy(
+                    f"session {route.session_key} is busy: a turn is running and {lane.held - 1} message{'s are' if lane.held != 2 else ' is'} "
+                    f"waiting behind it (bus.sessionQueue is {self._session_queue}); this one was not kept, try again shortly"
+                ),
+            )
+            return
+        lane.held += 1
+        lane.unwritten.put_nowait((msg, route))
+
+    def _lane(self, key: str) -> _Lane:
+        lane = self._lanes.get(key)
+        if lane is None or lane.closing or lane.task is None or lane.task.done():
+            lane = _Lane(key)
+            assert self._tg is not None
+            lane.task = self._tg.create_task(self._guard_lane(lane), name=f"session {key}")
+            self._lanes[key] = lane
+        return lane
+
+    def _refuse(self, msg: InboundMessage, e: Exception) -> None:
+        self.bus.release(msg)
+        _fail(msg, e)
+
+    def _done(self, lane: _Lane, msg: InboundMessage) -> None:
+        """One of the lane's messages is finished with (answered or refused); the
+        last one ends the lane."""
+        self.bus.release(msg)
+        lane.held -= 1
+        if lane.held == 0 and not lane.closing:
+            lane.closing = True
+            lane.unwritten.put_nowait(None)
+            lane.written.put_nowait(None)
+            if self._lanes.get(lane.key) is lane:
+                del self._lanes[lane.key]
+
+    async def _guard_lane(self, lane: _Lane) -> None:
+        """A bug in one session's lane must cost that session only."""
+        try:
+            await self._run_lane(lane)
+        except Exception:
+            logger.exception("{}: session lane failed; its waiting messages are refused", lane.key)
+            lane.closing = True
+            for q in (lane.unwritten, lane.written):
+                while not q.empty():
+                    item = q.get_nowait()
+                    if item is not None:
+                        self._refuse(item[0], ClawsupError("the session failed; see the supervisor log"))
+            if self._lanes.get(lane.key) is lane:
+                del self._lanes[lane.key]
+
+    async def _run_lane(self, lane: _Lane) -> None:
+        """Write each message to the session as it comes (acknowledging it) while the
+        turns run one at a time, in order, in this task. Ends when the lane has
+        nothing left (see `_done`)."""
+
+        async def write() -> None:
+            while (item := await lane.unwritten.get()) is not None:
+                msg, route = item
+                try:
+                    await self.store.append(route.session_key, _record(msg.role, msg, route))
+                except OSError as e:
+                    logger.error("{}: cannot write the session: {}", route.session_key, e)
+                    _fail(msg, ClawsupError(f"the message could not be stored: {e}"))
+                    self._done(lane, msg)
+                    continue
+                except BaseException:
+                    # The lane ends (its group failed or is cancelled) with this
+                    # message in hand: refused, and its place in the bus given back,
+                    # never left waiting for an answer that cannot come.
+                    self._refuse(msg, ClawsupError("the session failed; see the supervisor log"))
+                    raise
+                if not msg.accepted.done():
+                    msg.accepted.set_result(route)
+                lane.written.put_nowait(item)
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(write(), name=f"session {lane.key} write")
+            while (item := await lane.written.get()) is not None:
+                try:
+                    await self._turn(lane, *item)
+                finally:
+                    self._done(lane, item[0])
+
+    async def _turn(self, lane: _Lane, msg: InboundMessage, route: Route) -> None:
+        async def progress(text: str) -> None:
+            await self._send(msg, route, text, progress=True, final=False)
+
+        t0 = time.monotonic()
+        lane.turn = asyncio.ensure_future(self.agent.turn(route, msg, progress))
+        lane.turn_of = msg
+        try:
+            reply = await asyncio.shield(lane.turn)
+        except asyncio.CancelledError:
+            if lane.turn.cancelled() and not _cancelling():
+                reply = None  # stopped by /stop
+            else:
+                lane.turn.cancel()
+                raise
+        except Exception as e:
+            logger.exception("{}: turn failed", route.session_key)
+            reply = f"error: the turn failed: {e}"
+        finally:
+            lane.turn = lane.turn_of = None
+        if reply is None:
+            await self._keep(route, {"role": "system", "text": "turn stopped by /stop", "inReplyTo": msg.id, "ts": time.time()})
+            await self._send(msg, route, "stopped.", final=True)
+            return
+        answer = reply if isinstance(reply, Answer) else Answer(reply)
+        await self._keep(
+            route,
+            {"role": "assistant", "agentId": route.agent_id, "text": answer.text, "inReplyTo": msg.id, "ts": time.time(), "turnS": round(time.monotonic() - t0, 4), **answer.record},
+        )
+        await self._send(msg, route, answer.text, final=True)
+
+    async def _keep(self, route: Route, record: dict[str, Any]) -> None:
+        """A turn's outcome into its session. A store that fails (a full disk) costs
+        the record, said in the log, not the reply nor the session's lane."""
+        try:
+            await self.store.append(route.session_key, record)
+        except OSError as e:
+            logger.error("{}: cannot write the session, the {} record is lost: {}", route.session_key, record.get("role"), e)
+
+    async def _stop(self, msg: InboundMessage, route: Route) -> None:
+        lane = self._lanes.get(route.session_key)
+        turn = lane.turn if lane else None
+        if not msg.accepted.done():
+            msg.accepted.set_result(route)
+        runs = await self.agent.stop_session(route.session_key)
+        said = [f"cancelled {runs} subagent run{'s' if runs != 1 else ''} (and what they spawned)"] if runs else []
+        if turn is not None and not turn.done():
+            turn.cancel()
+            logger.info("{}: turn stopped by /stop", route.session_key)
+            said.insert(0, "stopping the turn in flight")
+        await self._send(msg, route, "; ".join(said) + "." if said else "nothing to stop.", final=True)
+
+    # -- outbound --------------------------------------------------------------
+
+    async def _send(self, msg: InboundMessage, route: Route, text: str, *, progress: bool = False, final: bool = True) -> None:
+        await self.bus.outbound.put(
+            OutboundMessage(target=msg.reply_to, text=text, session_key=route.session_key, agent_id=route.agent_id, in_reply_to=msg.id, progress=progress, final=final)
+        )
+
+    async def _outbound(self) -> None:
+        while True:
+            out = await self.bus.outbound.get()
+            channel = self.channels.get(out.target.channel)
+            if channel is None:
+                logger.warning("reply for channel {!r}, which is not running; dropped", out.target.channel)
+                continue
+            try:
+                await channel.send(out)
+            except Exception:
+                logger.exception("channel {} failed to deliver a reply", out.target.channel)
+
+
+def _record(role: str, msg: InboundMessage, route: Route) -> dict[str, Any]:
+    src = msg.source
+    rec: dict[str, Any] = {
+        "role": role,
+        "id": msg.id,
+        "text": msg.text,
+        "ts": time.time(),
+        "agentId": route.agent_id,
+        "matchedBy": route.matched_by,
+        "channel": msg.reply_to.channel,
+        "accountId": route.account_id,
+        "peer": {"kind": src.peer.kind, "id": src.peer.id},
+    }
+    if src.thread_id:
+        rec["threadId"] = src.thread_id
+    return rec
+
+
+def _fail(msg: InboundMessage, e: Exception) -> None:
+    if not msg.accepted.done():
+        msg.accepted.set_exception(e)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return bool(task and task.cancelling())

@@ -1,0 +1,101 @@
+"""A child's stdout and stderr, read line by line into its sandbox log, and the
+handshake line picked out of stdout.
+
+One `ChildOutput` per incarnation, created when the child is launched and closed
+when it has been reaped. Reading is driven by the event loop's readers (no task, no
+polling) and bounded: one 64 KiB chunk per wake-up, so a flooding child cannot starve
+the loop, and lines are cut at the log's maximum length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from clawsup.sandbox.handshake import LOAD_ERROR_MAGIC, MAGIC, Handshake, HandshakeError, LoadError, parse_handshake, parse_load_error
+from clawsup.supervisor.sandboxes.log import LineSplitter, SandboxLog
+
+READ_CHUNK = 64 * 1024
+# After the exit, at most this many chunks per pipe are read to save the last words.
+DRAIN_CHUNKS = 64
+# The last stderr lines of a flood kept for a crash report, though not logged.
+TAIL_KEPT = 5
+
+
+class ChildOutput:
+    def __init__(self, stdout_fd: int, stderr_fd: int, log: SandboxLog) -> None:
+        self._log = log
+        self._pipes: dict[int, tuple[str, LineSplitter]] = {
+            stdout_fd: ("stdout", LineSplitter()),
+            stderr_fd: ("stderr", LineSplitter()),
+        }
+        self.handshake: asyncio.Future[Handshake] = asyncio.get_running_loop().create_future()
+        self.load_error: LoadError | None = None
+        """What the host said, before any handshake, when the plugin could not load
+        (sandbox/handshake.py): believed only together with its exit code."""
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in self._pipes:
+            loop.add_reader(fd, self._read, fd, 1)
+
+    def drain(self) -> None:
+        """After the exit: take what is still in the pipes (the traceback, the last
+        words), bounded, so that the log says why."""
+        for fd in tuple(self._pipes):
+            self._read(fd, DRAIN_CHUNKS)
+
+    def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for fd in tuple(self._pipes):
+            loop.remove_reader(fd)
+        self._pipes.clear()
+        self._log.flush()
+
+    def _read(self, fd: int, chunks: int) -> None:
+        stream, splitter = self._pipes[fd]
+        for _ in range(chunks):
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                asyncio.get_running_loop().remove_reader(fd)
+                del self._pipes[fd]
+                for line, cut in splitter.flush():
+                    self._line(stream, line, cut)
+                break
+            if (stream == "stderr" or self.handshake.done()) and self._log.spent():
+                # This second's budget is spent: the lines of a flood are counted,
+                # not made one by one (a flood once cost the supervisor a
+                # millisecond and more of the loop per 64 KiB read).
+                self._log.drop(stream, *splitter.skip(data, TAIL_KEPT if stream == "stderr" else 0))
+                continue
+            for line, cut in splitter.feed(data):
+                self._line(stream, line, cut)
+        self._log.flush()
+
+    def _line(self, stream: str, line: str, cut: bool) -> None:
+        if stream == "stdout" and not self.handshake.done():
+            if self.load_error is None and LOAD_ERROR_MAGIC in line and (err := parse_load_error(line[line.find(LOAD_ERROR_MAGIC):])) is not None:
+                self.load_error = err
+                self._log.write("clawsup", f"the plugin could not load: {err.message}{f' (at {err.where})' if err.where else ''}")
+                return
+            # A plugin may print without a newline before the host's handshake, which
+            # then lands mid-line: look for it anywhere in the line.
+            at = line.find(MAGIC + "|")
+            if at >= 0:
+                if at > 0:
+                    self._log.write(stream, line[:at])
+                # A host that says it serves has loaded: an earlier load-error line
+                # was the plugin's own words (tests/test_hostile_bounds.py).
+                self.load_error = None
+                try:
+                    self.handshake.set_result(parse_handshake(line[at:]))
+                except HandshakeError as e:
+                    self.handshake.set_exception(e)
+                self._log.write("clawsup", f"handshake: {line[at:]}")
+                return
+        self._log.write(stream, line, cut=cut)

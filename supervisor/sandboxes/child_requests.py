@@ -1,0 +1,93 @@
+"""What a child may ask of the supervisor over its `Connect` stream, and the judge of
+each request. Every child may `log`. A sandbox may be given more (`Requester.services`:
+a subagent run's `model.complete`, `tool.call`, `runs.wait`, see
+supervisor/agents/subagents.py), each answered by code that knows who that sandbox is. Any
+other method is refused with a reason the child sees.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from loguru import logger
+
+from clawsup.supervisor.errors import ClawsupError
+from clawsup.supervisor.sandboxes.host_client import ChildReply, ChildRequest
+from clawsup.supervisor.sandboxes.log import SandboxLog
+
+Service = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+LOG_LEVELS = frozenset({"debug", "info", "warning", "error"})
+MAX_LOG_MESSAGE = 8 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class Requester:
+    sandbox_id: str
+    plugin_id: str
+    log: SandboxLog
+    services: Mapping[str, Service] = field(default_factory=dict)
+    """Slow methods this sandbox may call, answered concurrently (see
+    `answer_service`); bound to its identity by whoever made the sandbox."""
+
+
+def _log(who: Requester, payload: dict[str, Any]) -> dict[str, Any]:
+    level = payload.get("level", "info")
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level must be one of {sorted(LOG_LEVELS)}, not {level!r}")
+    message = str(payload.get("message", ""))[:MAX_LOG_MESSAGE]
+    # A message of several lines becomes several log lines, each tagged; any other
+    # line break or control character (a CR, U+2028) is shown escaped by the log,
+    # so that the plugin cannot pass one of its lines off as the supervisor's.
+    for line in message.removesuffix("\n").split("\n"):
+        text = line.removesuffix("\r")  # a CRLF ending is no forgery
+        who.log.write("plugin", f"{level.upper()} {text}")
+    who.log.flush()
+    return {}
+
+
+ALLOWED: dict[str, Callable[[Requester, dict[str, Any]], dict[str, Any]]] = {"log": _log}
+
+
+def answer(who: Requester, req: ChildRequest) -> ChildReply | None:
+    """Handle one quick request inline. Returns the reply, or None for
+    fire-and-forget (id 0)."""
+    handler = ALLOWED.get(req.method)
+    try:
+        if handler is None:
+            allowed = sorted({*ALLOWED, *who.services})
+            raise PermissionError(f"plugin {who.plugin_id!r} is not allowed to call {req.method!r}; allowed: {allowed}")
+        result = handler(who, _payload(req))
+        reply = ChildReply(id=req.id, ok=True, payload_json=json.dumps(result))
+    except (PermissionError, ValueError) as e:
+        who.log.event(f"refused request {req.method!r} from the plugin: {e}")
+        reply = ChildReply(id=req.id, ok=False, error=str(e))
+    return reply if req.id else None
+
+
+async def answer_service(who: Requester, req: ChildRequest) -> ChildReply:
+    """Handle one of the sandbox's services (a model call may take a minute). A
+    refusal or a failure is the child's to see; a bug is logged and the child told
+    no more than that."""
+    try:
+        result = await who.services[req.method](_payload(req))
+        return ChildReply(id=req.id, ok=True, payload_json=json.dumps(result))
+    except (ClawsupError, PermissionError, ValueError) as e:
+        who.log.event(f"refused request {req.method!r}: {e}")
+        return ChildReply(id=req.id, ok=False, error=str(e))
+    except Exception as e:
+        logger.exception("{}: answering {!r} failed", who.sandbox_id, req.method)
+        return ChildReply(id=req.id, ok=False, error=f"the supervisor failed to answer {req.method!r} ({type(e).__name__}); see its log")
+
+
+def _payload(req: ChildRequest) -> dict[str, Any]:
+    try:
+        payload = json.loads(req.payload_json) if req.payload_json else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"payload is not JSON: {e.msg}") from None
+    if not isinstance(payload, dict):
+        raise ValueError("payload must be a JSON object")
+    return payload

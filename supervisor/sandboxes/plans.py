@@ -1,0 +1,258 @@
+"""From the operator's config and the plugins' manifests to one `SandboxPlan` per
+plugin. Manifests are read as JSON; no plugin code is imported. Every problem comes
+back as a `ConfigError` naming the key path or the plugin folder.
+
+The operator grants, the plugin only asks (DESIGN §5a): each limit is the stricter
+of the operator's value and the manifest's; backend, trust, network and the restart
+policy are the operator's alone. What a manifest asked and was refused loads with
+the operator's value and a warning naming the key (tests/test_trust.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from clawsup.sandbox.launch.backends import backend_problem, first_isolating
+from clawsup.sandbox.launch.launcher import Limits, MiB
+from clawsup.sandbox.manifest import MANIFEST_NAME, Manifest, ManifestError, RestartRequest, SandboxRequest, load_manifest
+from clawsup.supervisor.config import ClawsupConfig, PluginEntry, resolve_plugin_path
+from clawsup.supervisor.errors import ConfigError
+from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy
+from clawsup.supervisor.names import reserved_reason
+from clawsup.supervisor.tools.schemas import CHECK_BUDGET_S, CheckTooCostly, SchemaRefused, compile_schema, outside_refs
+from clawsup.supervisor.sandboxes.supervised import SandboxPlan
+
+AVAILABLE_BACKENDS = frozenset({"process", "bwrap", "docker"})
+# The limits a manifest may ask for: (field, manifest key). Each is granted as the
+# stricter (smaller) of the ask and the operator's value.
+LIMIT_FIELDS = (
+    ("call_timeout_seconds", "callTimeoutSeconds"), ("memory_mb", "memoryMb"), ("cpu_seconds", "cpuSeconds"),
+    ("max_processes", "maxProcesses"), ("max_open_files", "maxOpenFiles"), ("max_file_size_mb", "maxFileSizeMb"),
+    ("cpus", "cpus"), ("max_workspace_mb", "maxWorkspaceMb"), ("tmp_mb", "tmpMb"),
+)  # fmt: skip
+# What one crash of a child that dies at start-up may take, start to death, when the
+# floor on the restart period is computed (see `restart_policy`).
+CRASH_ALLOWANCE_S = 2.0
+MIN_PERIOD_S = 10.0
+# Problems of one plugin's config named, at most.
+MAX_CONFIG_PROBLEMS = 20
+
+
+def build_plans(
+    cfg: ClawsupConfig,
+    *,
+    config_source: str,
+    config_dir: Path,
+    extra_plugins: list[Path],
+    problem_of: Callable[[str], str] = backend_problem,
+) -> list[SandboxPlan]:
+    """`problem_of(backend)`: empty when that backend works here, else why not."""
+    problems: list[str] = []
+    folders: list[tuple[str, Path]] = [
+        (f"plugins.load.paths[{i}]", resolve_plugin_path(p, config_dir)) for i, p in enumerate(cfg.plugins.load.paths)
+    ]
+    folders += [(f"--plugin {p}", p.resolve()) for p in extra_plugins]
+    plans: list[SandboxPlan] = []
+    seen: dict[str, str] = {}
+    for where, folder in folders:
+        try:
+            manifest = load_manifest(folder)
+        except ManifestError as e:
+            problems.append(f"{where}: {e}")
+            continue
+        if why := reserved_reason(manifest.id):
+            problems.append(f"{where}: plugin id {manifest.id!r} cannot be used: {why}; the plugin's author must choose another id")
+            continue
+        if manifest.id in seen:
+            if folder != seen[manifest.id]:
+                problems.append(f"{where}: plugin id {manifest.id!r} is also loaded from {seen[manifest.id]}")
+            continue
+        seen[manifest.id] = str(folder)
+        entry = cfg.plugins.entries.get(manifest.id) or PluginEntry()
+        if not entry.enabled:
+            continue
+        plugin_config = dict(entry.config)
+        if manifest.config_schema is not None:
+            problems += _check_plugin_config(manifest, plugin_config)
+        try:
+            plans.append(_plan(cfg, manifest, folder, entry, plugin_config, problem_of))
+        except ConfigError as e:
+            problems += e.problems
+    for pid in cfg.plugins.entries:
+        if pid not in seen:
+            problems.append(f"plugins.entries.{pid}: no plugin with this id is loaded (check plugins.load.paths)")
+    if problems:
+        raise ConfigError(config_source, problems)
+    return plans
+
+
+def _check_plugin_config(manifest: Manifest, config: dict[str, Any]) -> list[str]:
+    """The operator's config against the manifest's configSchema. The schema is data
+    from the plugin: a `$ref` resolves inside it or not at all, never over the
+    network or from a file (a remote `$ref` once made the gateway hang at start);
+    and it is compiled and checked with the bounds of a tool's input schema
+    (supervisor/tools/schemas.py), so that it cannot stop or stall the gateway's start
+    (a pattern `re` cannot compile, `$ref`s that double at each step)."""
+    schema = manifest.config_schema
+    assert schema is not None
+    outside = sorted(outside_refs(schema))
+    if outside:
+        return [f"plugin {manifest.id!r}: its configSchema refers outside the manifest ({', '.join(repr(r[:100]) for r in outside[:3])}); only local references such as '#/$defs/x' are followed"]
+    try:
+        check = compile_schema(schema)
+    except SchemaRefused as e:
+        return [f"plugin {manifest.id!r}: its configSchema {e}"]
+    try:
+        errors = check.errors(config, budget_s=CHECK_BUDGET_S, limit=MAX_CONFIG_PROBLEMS)
+    except CheckTooCostly:
+        return [f"plugin {manifest.id!r}: its configSchema took more than {CHECK_BUDGET_S:g} s to check the config and was stopped; the schema is too costly to check (tell the plugin's author)"]
+    except RecursionError:
+        return [f"plugins.entries.{manifest.id}.config: nested too deeply to check"]
+    except Exception as e:  # noqa: BLE001 - whatever the plugin's schema makes jsonschema raise is the schema's fault
+        return [f"plugin {manifest.id!r}: its configSchema could not be checked ({type(e).__name__}: {str(e)[:200]})"]
+    out = []
+    for err in errors:
+        path = ".".join(str(p) for p in err.absolute_path)
+        out.append(f"plugins.entries.{manifest.id}.config{'.' + path if path else ''}: {err.message[:300]}")
+    return out
+
+
+def _operator_grant(cfg: ClawsupConfig, entry: PluginEntry) -> tuple[SandboxRequest, str]:
+    """`sandbox.defaults` overridden by `plugins.entries.<id>.sandbox`, and the key
+    path the backend came from (for errors)."""
+    d = cfg.sandbox.defaults
+    base = SandboxRequest(
+        call_timeout_seconds=d.call_timeout_seconds, memory_mb=d.memory_mb, cpu_seconds=d.cpu_seconds,
+        max_processes=d.max_processes, max_open_files=d.max_open_files, max_file_size_mb=d.max_file_size_mb,
+        cpus=d.cpus, max_workspace_mb=d.max_workspace_mb, tmp_mb=d.tmp_mb, network=d.network, restart=d.restart,
+    )  # fmt: skip
+    over = entry.sandbox
+    fields = {k: v for k, v in over.model_dump(exclude_none=True).items() if k not in ("restart", "backend")}
+    restart = base.restart or RestartRequest()
+    if over.restart is not None:
+        restart = restart.model_copy(update=over.restart.model_dump(exclude_none=True))
+    return base.model_copy(update={**fields, "restart": restart}), over.backend or d.backend
+
+
+def _grant(pid: str, ask: SandboxRequest, op: SandboxRequest) -> tuple[dict[str, Any], bool, list[str]]:
+    """The granted limits, network, and a sentence per refused ask."""
+    refused: list[str] = []
+    granted: dict[str, Any] = {}
+    for name, key in LIMIT_FIELDS:
+        mine, theirs = getattr(op, name), getattr(ask, name)
+        granted[name] = mine
+        if theirs is None:
+            continue
+        if theirs <= mine:
+            granted[name] = theirs
+        else:
+            refused.append(f"sandbox.{key}: asked {theirs:g}, granted {mine:g} (raise it in plugins.entries.{pid}.sandbox.{key})")
+    network = bool(ask.network) and bool(op.network)
+    if ask.network and not op.network:
+        refused.append(f"sandbox.network: asked for the network, granted none (grant it with plugins.entries.{pid}.sandbox.network: true)")
+    return granted, network, refused
+
+
+def choose_backend(asked: str, *, trusted: bool, problem_of: Callable[[str], str]) -> tuple[str | None, str]:
+    """(backend, why not). `auto` takes the first isolating backend that works here;
+    only trusted code may end on `process`. Never a silent step down: an untrusted
+    plugin with no isolating backend gets None and the reasons."""
+    if asked == "auto":
+        backend, reasons = first_isolating(problem_of)
+        if backend is not None:
+            return backend, ""
+        return ("process", "") if trusted else (None, reasons)
+    if asked == "process" and not trusted:
+        return None, "the process backend does not isolate it"
+    if problem := problem_of(asked):
+        return None, f"{asked}: {problem}"
+    return asked, ""
+
+
+def _plan(
+    cfg: ClawsupConfig, manifest: Manifest, folder: Path, entry: PluginEntry, plugin_config: dict[str, Any], problem_of: Callable[[str], str]
+) -> SandboxPlan:
+    pid = manifest.id
+    ask = manifest.sandbox
+    op, asked_backend = _operator_grant(cfg, entry)
+    trusted = entry.trust == "trusted"
+    granted, network, refused = _grant(pid, ask, op)
+    backend, why_not = choose_backend(asked_backend, trusted=trusted, problem_of=problem_of)
+    if backend is None:
+        key = f"plugins.entries.{pid}.sandbox.backend" if entry.sandbox.backend else "sandbox.defaults.backend"
+        raise ConfigError("", [
+            f"{key}: plugin {pid!r} is untrusted and cannot start: {why_not}. Either make an isolating backend work here "
+            "(apt-get install bubblewrap; or a Docker engine and scripts/build-sandbox-image), or, if you trust its author, "
+            f"set plugins.entries.{pid}.trust: \"trusted\" to let it run on the process backend"
+        ])  # fmt: skip
+    if ask.backend is not None and ask.backend != backend:
+        refused.append(f"sandbox.backend: asked {ask.backend!r}; the backend is the operator's choice ({backend!r})")
+    if ask.restart is not None:
+        theirs = ask.restart.model_dump(exclude_none=True)
+        mine = (op.restart or RestartRequest()).model_dump(exclude_none=True)
+        if any(mine.get(k) != v for k, v in theirs.items()):
+            refused.append(f"sandbox.restart: asked {_camel(theirs)}; the restart policy is the operator's ({_camel(mine)})")
+    restart, raised = restart_policy(op.restart or RestartRequest())
+    if raised:
+        logger.warning("plugin {!r}: {}", pid, raised)
+    for line in refused:
+        logger.warning("plugin {!r} asked for more than it is granted: {}", pid, line)
+    protected = [*cfg.sandbox.protected_paths, MANIFEST_NAME, manifest.entry if manifest.entry.endswith(".py") else manifest.entry.replace(".", "/") + ".py"]
+    return SandboxPlan(
+        sandbox_id=pid,
+        plugin_id=pid,
+        plugin_dir=folder,
+        plugin_version=manifest.version,
+        entry=manifest.entry,
+        declared_tools=frozenset(manifest.contracts.tools),
+        plugin_config=plugin_config,
+        limits=Limits(
+            call_timeout_s=granted["call_timeout_seconds"],
+            memory_bytes=granted["memory_mb"] * MiB,
+            cpu_seconds=granted["cpu_seconds"],
+            max_processes=granted["max_processes"],
+            max_open_files=granted["max_open_files"],
+            max_file_size_bytes=granted["max_file_size_mb"] * MiB,
+            cpus=granted["cpus"] or 1.0,
+            workspace_bytes=granted["max_workspace_mb"] * MiB,
+            tmp_bytes=granted["tmp_mb"] * MiB,
+        ),
+        restart=restart,
+        backend=backend,
+        network=network,
+        trusted=trusted,
+        protected_paths=tuple(dict.fromkeys(protected)),
+        requested=ask.model_dump(by_alias=True, exclude_none=True),
+        refused=tuple(refused),
+    )
+
+
+def restart_policy(r: RestartRequest) -> tuple[RestartPolicy, str]:
+    """The policy, with its period raised where it is too short for a crash loop to
+    spend the budget (deaths spaced by the backoff would each fall outside the
+    window, and the loop would never reach `failed`); and a sentence saying so."""
+    policy = RestartPolicy(
+        max_restarts=r.max_restarts if r.max_restarts is not None else 5,
+        period_s=r.period_seconds or 60.0,
+        backoff_initial_s=r.backoff_initial_seconds if r.backoff_initial_seconds is not None else 0.5,
+        backoff_max_s=r.backoff_max_seconds if r.backoff_max_seconds is not None else 30.0,
+    )
+    floor = max(MIN_PERIOD_S, period_floor(policy))
+    if policy.period_s >= floor:
+        return policy, ""
+    raised = RestartPolicy(max_restarts=policy.max_restarts, period_s=floor, backoff_initial_s=policy.backoff_initial_s, backoff_max_s=policy.backoff_max_s)
+    return raised, f"restart.periodSeconds {policy.period_s:g} is too short for {policy.max_restarts} restarts to end a crash loop; using {floor:g}"
+
+
+def period_floor(p: RestartPolicy) -> float:
+    """How long `max_restarts` fast crashes take with their backoffs."""
+    backoffs = sum(min(p.backoff_initial_s * 2**i, p.backoff_max_s) for i in range(p.max_restarts))
+    return backoffs + p.max_restarts * CRASH_ALLOWANCE_S
+
+
+def _camel(d: dict[str, Any]) -> dict[str, Any]:
+    return {RestartRequest.model_fields[k].alias or k: v for k, v in d.items()}

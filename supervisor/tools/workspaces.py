@@ -1,0 +1,497 @@
+"""The core tools that act on a workspace (`exec`, `read`, `write`, `edit`,
+`list_dir`, OpenClaw's names, so `group:fs` and `group:runtime` carry over) and the
+workspace sandboxes they run in.
+
+The supervisor owns these registrations (owner `core`): they stay registered while a
+workspace sandbox restarts, and a call meanwhile gets `SandboxUnavailable`. Which
+sandbox serves a call follows from who is calling (the agent, the session) and the
+configured scope, never from the tool's arguments: the model cannot pick a workspace
+or an identity. Arguments are checked here, at the edge, by pydantic; `exec`
+commands are screened here (supervisor/tools/exec_screen.py) before anything is sent.
+
+Created by the gateway (and by `clawsup exec run`); lives as long as the manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import hashlib
+import json
+import re
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from clawsup.sandbox.launch.backends import backend_problem, first_isolating
+from clawsup.sandbox.launch.launcher import Limits, MiB
+from clawsup.sandbox.manifest import format_validation_error
+from clawsup.supervisor.config import ClawsupConfig
+from clawsup.supervisor.errors import BadToolArguments, ConfigError, ExecBlocked, SandboxUnavailable
+from clawsup.supervisor.tools.exec_screen import ExecScreen
+from clawsup.supervisor.sandboxes.plans import restart_policy
+from clawsup.supervisor.sandboxes.host_client import ExecResult
+from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy, SandboxState
+from clawsup.supervisor.sandboxes.registry import CORE_OWNER, Kind, Registration, Registry
+from clawsup.supervisor.sandboxes.supervised import SETTLED, OutputSink, SandboxPlan, SupervisedSandbox, ToolResult
+
+DEFAULT_AGENT = "main"
+IDLE_STOP_TIMEOUT_S = 10.0
+"""How long the stop of an idle sandbox may take before everything it started is
+killed (manager.discard). An idle host runs no command, so a healthy one is gone in
+well under a second. A wedged one takes the Shutdown RPC's bound and two stop graces
+(`sandbox.stopGraceSeconds`, up to 60 s): past a grace of about 4.7 s, this bound
+ends the wait first (tests/test_workspace_scope.py runs one at 60 s)."""
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ExecArgs(_Args):
+    command: str = Field(min_length=1, max_length=100_000, description="A shell command, run with /bin/sh -c in the workspace.")
+    workdir: str | None = Field(default=None, description="A folder inside the workspace to run in (default: the workspace).")
+    timeout: float | None = Field(default=None, gt=0, description="Seconds before the command is stopped (default 60).")
+
+
+class ReadArgs(_Args):
+    path: str = Field(min_length=1)
+    offset: int | None = Field(default=None, ge=1)
+    limit: int | None = Field(default=None, ge=1)
+
+
+class WriteArgs(_Args):
+    path: str = Field(min_length=1)
+    content: str
+
+
+class EditArgs(_Args):
+    path: str = Field(min_length=1)
+    old_string: str = Field(min_length=1)
+    new_string: str
+
+
+class ListDirArgs(_Args):
+    path: str = "."
+
+
+@dataclass(frozen=True)
+class CoreTool:
+    name: str
+    description: str
+    args: type[_Args]
+
+
+CORE_TOOLS: dict[str, CoreTool] = {
+    t.name: t
+    for t in (
+        CoreTool(
+            "exec",
+            "Run a shell command in your workspace sandbox. Returns its output (head and tail when long), exit code "
+            "or signal, and whether it timed out. Dangerous commands are refused before they run.",
+            ExecArgs,
+        ),
+        CoreTool("read", "Read a text file of the workspace. Long files: pass offset (first line, 1-based) and limit (lines).", ReadArgs),
+        CoreTool("write", "Create or overwrite a file in the workspace; missing parent folders are created.", WriteArgs),
+        CoreTool("edit", "Replace one exact, unique occurrence of old_string with new_string in a workspace file.", EditArgs),
+        CoreTool("list_dir", "List a folder of the workspace: names, types, and sizes of files.", ListDirArgs),
+    )
+}
+
+
+def register_core_tools(registry: Registry) -> None:
+    for t in CORE_TOOLS.values():
+        schema = t.args.model_json_schema()
+        schema.pop("title", None)
+        registry.register(
+            Registration(kind=Kind.TOOL, name=t.name, owner=CORE_OWNER, sandbox_id=None, description=t.description, input_schema=schema)
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecSettings:
+    timeout_s: float = 60.0
+    max_timeout_s: float = 600.0
+    max_output_bytes: int = 64 * 1024
+    kill_grace_s: float = 2.0
+    shell: str = "/bin/sh"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkspaceSettings:
+    scope: str = "agent"
+    backend: str = "process"
+    network: bool = False
+    limits: Limits = field(default_factory=lambda: Limits(memory_bytes=1024 * MiB, max_processes=256, cpu_seconds=3600, max_file_size_bytes=256 * MiB))
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    exec: ExecSettings = field(default_factory=ExecSettings)
+    screen: ExecScreen = field(default_factory=ExecScreen)
+    read_max_bytes: int = 256 * 1024
+    idle_stop_s: float = 600.0
+    protected_paths: tuple[str, ...] = ()
+    unisolated: str = ""
+    """Why the model's commands run on the process backend (the fallback was taken),
+    said at start and in `clawsup status`; empty when they are isolated."""
+
+
+SESSION_SANDBOX = re.compile(r"workspace-.+-s[0-9a-f]{12}")
+"""The ids `workspace_sandbox_id` gives a session's own workspace sandbox."""
+
+
+def workspace_sandbox_id(scope: str, agent: str, session: str | None) -> str:
+    if scope == "shared":
+        return "workspace"
+    if scope == "session" and session:
+        digest = hashlib.sha256(f"{agent}\0{session}".encode()).hexdigest()[:12]
+        return f"workspace-{_slug(agent)}-s{digest}"
+    return f"workspace-{_slug(agent)}"
+
+
+def _slug(s: str) -> str:
+    """A name part for an id: one per input. A long one keeps a hash of the whole,
+    so that two agents whose ids share 40 characters never share a workspace."""
+    safe = re.sub(r"[^a-zA-Z0-9_.-]", "_", s) or "_"
+    if safe == s and len(s) <= 40:
+        return s
+    return f"{safe[:31]}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
+
+
+class _Phase(enum.Enum):
+    SERVING = "serving"
+    DISCARDING = "discarding"
+
+
+@dataclass(slots=True, kw_only=True)
+class _Use:
+    """How calls use one workspace sandbox (see `Workspaces`)."""
+
+    phase: _Phase = _Phase.SERVING
+    calls: int = 0
+    """Calls in flight: a sandbox with one is never idle, however long it runs."""
+    last_call: float
+    """Loop time the last call ended."""
+    idle_stops: bool = False
+    """Reached by the scope rule (a session's own, not a subagent run's pinned
+    one): the idle loop may discard it."""
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a discard is over; calls that arrived meanwhile wait for it."""
+
+
+class Workspaces:
+    """Routes core tool calls to the right workspace sandbox, creating and starting
+    it on first use (through the manager, which supervises it like any sandbox).
+
+    Under `scope: "session"` a sandbox nobody called for `idle_stop_s` is discarded:
+    its supervision, log file and status row go, its workspace files stay, and the
+    next call starts a fresh sandbox on them. Each sandbox in use has a `_Use`:
+
+        (none) → serving (a call enters) → discarding (idle: no call in flight) → (none)
+
+    Entering and marking for discard happen without an await in between, so a call
+    either enters first and keeps the old sandbox, or finds it discarding, waits
+    for it to go and starts a new one; no call reaches a half-discarded sandbox
+    (tests/test_workspace_scope.py). Created by the gateway; `discard_idle()` runs
+    in the gateway's task group until `close()`."""
+
+    def __init__(self, manager: Any, settings: WorkspaceSettings) -> None:
+        self._manager = manager
+        self.settings = settings
+        self._uses: dict[str, _Use] = {}
+        self._wake = asyncio.Event()
+        """Set when a call ends while the idle loop has no deadline to wait for."""
+        self._deadline: float | None = None
+        """When the idle loop wakes next (loop time); None: only when woken."""
+        self._closed = False
+
+    def plan_for(self, sandbox_id: str) -> SandboxPlan:
+        s = self.settings
+        return SandboxPlan(
+            sandbox_id=sandbox_id,
+            plugin_id=sandbox_id,
+            plugin_dir=None,
+            plugin_version="core",
+            entry="",
+            declared_tools=frozenset(),
+            plugin_config={},
+            limits=replace(s.limits, call_timeout_s=max(s.limits.call_timeout_s, 30.0)),
+            restart=s.restart,
+            backend=s.backend,
+            role="workspace",
+            network=s.network,
+            trusted=False,
+            protected_paths=s.protected_paths,
+            workspace_tools={
+                "shell": s.exec.shell, "kill_grace_s": s.exec.kill_grace_s, "read_max_bytes": s.read_max_bytes,
+                "protected_paths": list(s.protected_paths),
+            },  # fmt: skip
+        )
+
+    def sandbox_id(self, agent: str | None, session: str | None, pinned: str | None = None) -> str:
+        return pinned or workspace_sandbox_id(self.settings.scope, agent or DEFAULT_AGENT, session)
+
+    async def sandbox(self, agent: str | None, session: str | None, start_timeout: float = 30.0, *, pinned: str | None = None) -> SupervisedSandbox:
+        """The workspace sandbox of this caller (or the one the supervisor `pinned`),
+        started if need be. Not held: for a caller that runs no call through it
+        (scripts/bench.py); calls go through `using`."""
+        async with self.using(agent, session, start_timeout, pinned=pinned) as sb:
+            return sb
+
+    @contextlib.asynccontextmanager
+    async def using(self, agent: str | None, session: str | None, start_timeout: float = 30.0, *, pinned: str | None = None) -> AsyncIterator[SupervisedSandbox]:
+        """The caller's workspace sandbox, started if need be, held for the block:
+        it is not idle while a call runs in it."""
+        sid = self.sandbox_id(agent, session, pinned)
+        # By the sandbox, not the caller: a subagent run that inherits its session's
+        # workspace must not make that workspace exempt from the idle discard.
+        use = await self._enter(sid, start_timeout, idle_stops=self.settings.scope == "session" and SESSION_SANDBOX.fullmatch(sid) is not None)
+        try:
+            yield await self._started(sid, start_timeout)
+        finally:
+            self._leave(sid, use)
+
+    async def _enter(self, sid: str, timeout: float, *, idle_stops: bool) -> _Use:
+        while (use := self._uses.get(sid)) is not None and use.phase is _Phase.DISCARDING:
+            try:
+                async with asyncio.timeout(timeout):
+                    await use.gone.wait()
+            except TimeoutError:
+                raise SandboxUnavailable(sid, sid, "stopping", f"it was idle and its stop has not ended within {timeout:g} s") from None
+        if use is None:
+            use = self._uses[sid] = _Use(last_call=asyncio.get_running_loop().time())
+        use.calls += 1
+        use.idle_stops = use.idle_stops or idle_stops
+        return use
+
+    def _leave(self, sid: str, use: _Use) -> None:
+        use.calls -= 1
+        if use.calls:
+            return
+        use.last_call = asyncio.get_running_loop().time()
+        if not use.idle_stops:
+            if self._uses.get(sid) is use:
+                del self._uses[sid]
+        elif self._deadline is None:
+            # A later call never makes an earlier deadline, so the loop needs waking
+            # only when it waits for none.
+            self._wake.set()
+
+    async def _started(self, sid: str, start_timeout: float) -> SupervisedSandbox:
+        sb = self._manager.sandboxes.get(sid)
+        if sb is None:
+            sb = await self._manager.add_running(self.plan_for(sid))
+        if sb.lc.state is SandboxState.STOPPED:
+            await sb.start(start_timeout)
+        elif sb.lc.state is SandboxState.STARTING:
+            await sb.wait_state(SETTLED, start_timeout)
+        return sb
+
+    async def call(
+        self,
+        name: str,
+        args: dict[str, Any] | str,
+        *,
+        agent: str | None,
+        session: str | None,
+        timeout: float | None,
+        on_output: OutputSink | None,
+        sandbox_id: str | None = None,
+    ) -> ToolResult:
+        tool = CORE_TOOLS[name]
+        parsed = _parse_args(tool, args)
+        if isinstance(parsed, ExecArgs):
+            return await self._exec(parsed, agent=agent, session=session, pinned=sandbox_id, on_output=on_output)
+        async with self.using(agent, session, pinned=sandbox_id) as sb:
+            return await sb.invoke(name, parsed.model_dump_json(exclude_none=True), timeout)
+
+    def screen(self, command: str, sandbox_id: str) -> None:
+        verdict = self.settings.screen.check(command)
+        if not verdict.allowed:
+            assert verdict.rule is not None and verdict.segment is not None
+            logger.info("exec refused by rule {!r}: {!r}", verdict.rule, verdict.segment)
+            sb = self._manager.sandboxes.get(sandbox_id)
+            if sb is not None:
+                sb.log.event(f"exec {_short(command)}: refused by rule {verdict.rule!r} ({verdict.segment!r}); nothing ran")
+            raise ExecBlocked(verdict.rule, verdict.segment, verdict.explain())
+
+    async def _exec(self, a: ExecArgs, *, agent: str | None, session: str | None, pinned: str | None, on_output: OutputSink | None) -> ToolResult:
+        e = self.settings.exec
+        if a.timeout is not None and a.timeout > e.max_timeout_s:
+            raise BadToolArguments("exec", f"timeout: at most {e.max_timeout_s:g} seconds, got {a.timeout:g}")
+        self.screen(a.command, self.sandbox_id(agent, session, pinned))
+        chunks: list[bytes] = []
+
+        async def sink(data: bytes) -> None:
+            chunks.append(data)
+            if on_output is not None:
+                await on_output(data)
+
+        async with self.using(agent, session, pinned=pinned) as sb:
+            sb.log.event(f"exec {_short(a.command)}: started")
+            r = await sb.exec(
+                a.command,
+                workdir=a.workdir or "",
+                timeout=a.timeout or e.timeout_s,
+                output_cap=e.max_output_bytes,
+                kill_grace=e.kill_grace_s,
+                on_output=sink,
+            )
+            sb.log.event(f"exec {_short(a.command)}: {_describe(r)}")
+        if r.error:
+            raise BadToolArguments("exec", r.error)
+        out = {
+            "output": b"".join(chunks).decode("utf-8", errors="replace"),
+            "exit_code": r.exit_code,
+            "signal": r.signal,
+            "timed_out": r.timed_out,
+            "truncated": r.truncated,
+            "duration_s": round(r.duration_s, 4),
+            "output_bytes": r.output_bytes,
+        }
+        return ToolResult(text=json.dumps(out), is_json=True)
+
+    async def discard_idle(self) -> None:
+        """Discards idle sandboxes until `close()`, each in a task of its own (all at
+        once, each bounded), so that one slow stop holds up no other. Sleeps until
+        the first sandbox could be idle, or until a call ends while none could; no
+        polling."""
+        async with asyncio.TaskGroup() as tg:
+            while not self._closed:
+                self._deadline = self._next_idle()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(self._deadline):
+                        await self._wake.wait()
+                if self._closed:
+                    break
+                for sid, use in self._take_idle():
+                    tg.create_task(self._discard(sid, use), name=f"discard idle {sid}")
+
+    def close(self) -> None:
+        """Ends `discard_idle` once the discards under way are over (they are bounded)."""
+        self._closed = True
+        self._wake.set()
+
+    def _next_idle(self) -> float | None:
+        waiting = [u.last_call for u in self._uses.values() if u.idle_stops and u.calls == 0 and u.phase is _Phase.SERVING]
+        return min(waiting) + self.settings.idle_stop_s if waiting else None
+
+    def _take_idle(self) -> list[tuple[str, _Use]]:
+        """The sandboxes with no call for `idle_stop_s`, marked for discard: from here
+        on, a call for one waits for it to go."""
+        now = asyncio.get_running_loop().time()
+        idle = [(sid, u) for sid, u in self._uses.items() if u.idle_stops and u.calls == 0 and u.phase is _Phase.SERVING and now - u.last_call >= self.settings.idle_stop_s]
+        for _, use in idle:
+            use.phase = _Phase.DISCARDING
+        return idle
+
+    async def _discard(self, sid: str, use: _Use) -> None:
+        try:
+            sb = self._manager.sandboxes.get(sid)
+            if sb is not None:
+                await self._manager.discard(sb, f"idle for {self.settings.idle_stop_s:g} s", IDLE_STOP_TIMEOUT_S)
+                logger.info("{}: discarded after {:g} s idle; its workspace files stay for its next call", sid, self.settings.idle_stop_s)
+        except Exception:
+            logger.exception("{}: discarding it after its idle time failed; its next call starts a new one", sid)
+        finally:
+            if self._uses.get(sid) is use:
+                del self._uses[sid]
+            use.gone.set()
+
+
+def _short(command: str) -> str:
+    one = " ".join(command.split())
+    return repr(one if len(one) <= 200 else one[:200] + "…")
+
+
+def _describe(r: ExecResult) -> str:
+    """For `clawsup logs <workspace sandbox>`: what became of a command."""
+    if r.error:
+        return f"not started: {r.error}"
+    if r.signal is not None:
+        try:
+            how = f"killed by {signal.Signals(r.signal).name}"
+        except ValueError:
+            how = f"killed by signal {r.signal}"
+    else:
+        how = f"exit {r.exit_code}"
+    extra = (", timed out" if r.timed_out else "") + (f", output cut ({r.output_bytes} bytes)" if r.truncated else "")
+    return f"{how} after {r.duration_s:.3f} s{extra}"
+
+
+def _parse_args(tool: CoreTool, args: dict[str, Any] | str) -> _Args:
+    try:
+        if isinstance(args, str):
+            return tool.args.model_validate_json(args or "{}")
+        return tool.args.model_validate(args)
+    except ValidationError as e:
+        raise BadToolArguments(tool.name, format_validation_error(e)) from None
+
+
+def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSettings:
+    """Resolves `agents.defaults.sandbox` and `tools` into settings; `auto` becomes
+    bwrap where bwrap works, else process (with a warning, since the process backend
+    is no security boundary)."""
+    a = cfg.agents.defaults.sandbox
+    backend, unisolated = resolve_backend(a.backend, "agents.defaults.sandbox.backend", "exec and file tools", source=source, fallback=a.process_fallback)
+    e = cfg.tools.exec
+    d = cfg.sandbox.defaults
+    return WorkspaceSettings(
+        scope=a.scope,
+        backend=backend,
+        network=a.network,
+        limits=Limits(
+            memory_bytes=a.memory_mb * MiB,
+            max_processes=a.max_processes,
+            cpu_seconds=a.cpu_seconds,
+            max_file_size_bytes=a.max_file_size_mb * MiB,
+            max_open_files=max(d.max_open_files, 1024),
+            workspace_bytes=a.max_workspace_mb * MiB,
+            tmp_bytes=a.tmp_mb * MiB,
+        ),
+        restart=restart_policy(d.restart)[0],
+        exec=ExecSettings(
+            timeout_s=min(e.timeout_seconds, e.max_timeout_seconds),
+            max_timeout_s=e.max_timeout_seconds,
+            max_output_bytes=e.max_output_bytes,
+            kill_grace_s=e.kill_grace_seconds,
+            shell=e.shell,
+        ),
+        screen=screen_from_config(cfg),
+        read_max_bytes=cfg.tools.fs.read_max_bytes,
+        idle_stop_s=a.idle_stop_seconds,
+        protected_paths=tuple(cfg.sandbox.protected_paths),
+        unisolated=unisolated,
+    )
+
+
+def resolve_backend(backend: str, key: str, what: str, *, source: str, fallback: bool = False) -> tuple[str, str]:
+    """The backend for sandboxes that run model-written commands, and, when it is
+    `process`, why (said at start and in status). `auto` takes bwrap, else docker;
+    the process backend only where `fallback` allows it, never silently. A named
+    backend that cannot work here, or no isolating one without the fallback, is a
+    config error that names the ways out."""
+    if backend != "auto":
+        if problem := backend_problem(backend):
+            raise ConfigError(source, [f"{key}: {problem}"])
+        return backend, ("configured" if backend == "process" else "")
+    isolating, why = first_isolating()
+    if isolating is not None:
+        return isolating, ""
+    if not fallback:
+        raise ConfigError(source, [
+            f"{key}: {what} need an isolating backend and none works here ({why}). Install bubblewrap "
+            "(apt-get install bubblewrap) or start a Docker engine with the sandbox image (scripts/build-sandbox-image); "
+            f"or accept unconfined commands with {key.rsplit('.', 1)[0]}.processFallback: true"
+        ])  # fmt: skip
+    logger.warning("{} run under the process backend, which is NOT a security boundary ({}); install bubblewrap to contain them", what, why)
+    return "process", why
+
+
+def screen_from_config(cfg: ClawsupConfig) -> ExecScreen:
+    e = cfg.tools.exec
+    return ExecScreen.build(use_defaults=e.deny_defaults, deny={k: p.pattern for k, p in e.deny.items()}, allow=[p.pattern for p in e.allow])
