@@ -172,11 +172,9 @@ class SandboxDefaults(_Model):
     (`disk limit`), as for its memory limit."""
     tmp_mb: TmpMb = 64
     """The size of a plugin's private /tmp and /dev/shm (bwrap, docker)."""
-    restart: RestartGrant = Field(
-        default_factory=lambda: RestartGrant(
-            max_restarts=5, period_seconds=60.0, backoff_initial_seconds=0.5, backoff_max_seconds=30.0
-        )
-    )
+    restart: RestartGrant = Field(default_factory=RestartGrant)
+    """Unset keys take RestartPolicy's defaults (supervisor/sandboxes/lifecycle.py),
+    their one source."""
 
 
 # Paths inside a workspace that make the host run code later: read-only to the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import types
@@ -296,3 +297,17 @@ def test_bundled_plugins_have_valid_manifests() -> None:
         if (d / "clawsup.plugin.json").exists():
             m = load_manifest(d)
             assert m.contracts.tools, d
+
+
+def test_the_same_folder_named_twice_is_one_plugin_not_a_conflict(tmp_path: Path) -> None:
+    """The folder from plugins.load.paths and the same folder from --plugin (even
+    spelled differently) are one plugin; a different folder with the same id is a
+    conflict that names both."""
+    cfg = make_config()
+    basics = Path(cfg["plugins"]["load"]["paths"][0])
+    plans = plans_for(cfg, tmp_path, extra=[basics / ".." / basics.name])
+    assert [p.plugin_id for p in plans].count("basics") == 1
+    twin = tmp_path / "twin"
+    shutil.copytree(basics, twin)
+    with pytest.raises(ConfigError, match=r"--plugin .*twin: plugin id 'basics' is also loaded from .*basics"):
+        plans_for(cfg, tmp_path, extra=[twin])

@@ -57,7 +57,7 @@ def build_plans(
     ]
     folders += [(f"--plugin {p}", p.resolve()) for p in extra_plugins]
     plans: list[SandboxPlan] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, Path] = {}
     for where, folder in folders:
         try:
             manifest = load_manifest(folder)
@@ -71,7 +71,7 @@ def build_plans(
             if folder != seen[manifest.id]:
                 problems.append(f"{where}: plugin id {manifest.id!r} is also loaded from {seen[manifest.id]}")
             continue
-        seen[manifest.id] = str(folder)
+        seen[manifest.id] = folder
         entry = cfg.plugins.entries.get(manifest.id) or PluginEntry()
         if not entry.enabled:
             continue
@@ -191,12 +191,15 @@ def _plan(
         ])  # fmt: skip
     if ask.backend is not None and ask.backend != backend:
         refused.append(f"sandbox.backend: asked {ask.backend!r}; the backend is the operator's choice ({backend!r})")
+    restart, raised = restart_policy(op.restart or RestartRequest())
     if ask.restart is not None:
         theirs = ask.restart.model_dump(exclude_none=True)
-        mine = (op.restart or RestartRequest()).model_dump(exclude_none=True)
-        if any(mine.get(k) != v for k, v in theirs.items()):
+        mine = {
+            "max_restarts": restart.max_restarts, "period_seconds": restart.period_s,
+            "backoff_initial_seconds": restart.backoff_initial_s, "backoff_max_seconds": restart.backoff_max_s,
+        }  # fmt: skip
+        if any(mine[k] != v for k, v in theirs.items()):
             refused.append(f"sandbox.restart: asked {_camel(theirs)}; the restart policy is the operator's ({_camel(mine)})")
-    restart, raised = restart_policy(op.restart or RestartRequest())
     if raised:
         logger.warning("plugin {!r}: {}", pid, raised)
     for line in refused:
@@ -235,12 +238,11 @@ def restart_policy(r: RestartRequest) -> tuple[RestartPolicy, str]:
     """The policy, with its period raised where it is too short for a crash loop to
     spend the budget (deaths spaced by the backoff would each fall outside the
     window, and the loop would never reach `failed`); and a sentence saying so."""
-    policy = RestartPolicy(
-        max_restarts=r.max_restarts if r.max_restarts is not None else 5,
-        period_s=r.period_seconds or 60.0,
-        backoff_initial_s=r.backoff_initial_seconds if r.backoff_initial_seconds is not None else 0.5,
-        backoff_max_s=r.backoff_max_seconds if r.backoff_max_seconds is not None else 30.0,
-    )
+    given = {
+        "max_restarts": r.max_restarts, "period_s": r.period_seconds,
+        "backoff_initial_s": r.backoff_initial_seconds, "backoff_max_s": r.backoff_max_seconds,
+    }  # fmt: skip
+    policy = RestartPolicy(**{k: v for k, v in given.items() if v is not None})
     floor = max(MIN_PERIOD_S, period_floor(policy))
     if policy.period_s >= floor:
         return policy, ""
