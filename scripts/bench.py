@@ -89,7 +89,8 @@ from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy, SandboxState, 
 from clawsup.supervisor.sandboxes.manager import SandboxManager  # noqa: E402
 from clawsup.supervisor.paths import StatePaths  # noqa: E402
 from clawsup.supervisor.sandboxes.registry import Registry  # noqa: E402
-from clawsup.supervisor.sandboxes.supervised import SandboxPlan, Timing  # noqa: E402
+from clawsup.supervisor.sandboxes.plans import SandboxPlan  # noqa: E402
+from clawsup.supervisor.sandboxes.supervised import Timing  # noqa: E402
 from clawsup.supervisor.tools.workspaces import CORE_TOOLS, Workspaces, WorkspaceSettings, register_core_tools  # noqa: E402
 
 PAYLOAD = "x" * 100

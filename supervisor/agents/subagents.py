@@ -51,7 +51,8 @@ from clawsup.supervisor.messages.routing import Route, RouteInput
 from clawsup.supervisor.agents.run_journal import RunJournal, origin_from, origin_json
 from clawsup.supervisor.messages.session_store import SessionStore
 from clawsup.supervisor.sandboxes.manager import SandboxManager
-from clawsup.supervisor.sandboxes.supervised import SandboxPlan, SupervisedSandbox
+from clawsup.supervisor.sandboxes.plans import SandboxPlan, subagent_plan
+from clawsup.supervisor.sandboxes.supervised import SupervisedSandbox
 from clawsup.supervisor.agents.tool_policy import CORE_GROUPS, Caller, decide
 from clawsup.supervisor.tools.workspaces import Workspaces, resolve_backend
 
@@ -415,22 +416,7 @@ class Subagents:
     # -- one run, start to announce --------------------------------------------------
 
     def _plan(self, run: Run) -> SandboxPlan:
-        s = self._workspaces.settings
-        return SandboxPlan(
-            sandbox_id=run.sandbox_id,
-            plugin_id=run.sandbox_id,
-            plugin_dir=None,
-            plugin_version="core",
-            entry="",
-            declared_tools=frozenset(),
-            plugin_config={},
-            # The loop only talks to us: small limits, no network.
-            limits=replace(s.limits, memory_bytes=min(s.limits.memory_bytes, 512 * 2**20), max_processes=min(s.limits.max_processes, 64)),
-            restart=RestartPolicy(max_restarts=0),  # a crash fails the run; no second try
-            backend=self.backends[run.agent_id],
-            role="subagent",
-            network=False,
-        )
+        return subagent_plan(self._workspaces.settings, run.sandbox_id, self.backends[run.agent_id])
 
     async def _drive(self, run: Run) -> None:
         sb: SupervisedSandbox | None = None

@@ -33,12 +33,12 @@ from clawsup.supervisor.agents.loop import AgentLoop
 from clawsup.supervisor.sandboxes.manager import SandboxManager
 from clawsup.supervisor.messages.assembly import Messaging
 from clawsup.supervisor.paths import StatePaths
-from clawsup.supervisor.sandboxes.plans import build_plans
+from clawsup.supervisor.sandboxes.plans import SandboxPlan, build_plans
 from clawsup.supervisor.printable import clean_log_record
 from clawsup.supervisor.sandboxes.registry import Registry
 from clawsup.supervisor.agents.run_journal import RunJournal
 from clawsup.supervisor.agents.subagents import SPAWN_TOOLS, Subagents, register_spawn_tools, run_backends
-from clawsup.supervisor.sandboxes.supervised import SandboxPlan, Timing
+from clawsup.supervisor.sandboxes.supervised import Timing
 from clawsup.supervisor.tools.workspaces import CORE_TOOLS, Workspaces, register_core_tools, settings_from_config
 
 START_TIMEOUT_S = 60.0

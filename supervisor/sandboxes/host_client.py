@@ -30,6 +30,7 @@ from clawsup.v1 import host_pb2 as pb
 from clawsup.v1 import host_pb2_grpc as pb_grpc
 from clawsup.sandbox.output_cap import HeadTail
 from clawsup.sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY
+from clawsup.supervisor.tools.spec import ToolSpec
 
 _KIND_NAMES = {v: k.lower() for k, v in pb.ToolFailure.Kind.items()}
 
@@ -47,12 +48,12 @@ output_cap writes about 50 bytes), so that an honest host's output passes as sen
 
 
 @dataclass(frozen=True, kw_only=True)
-class ToolSpec:
+class UnreadableTool:
+    """A described tool that cannot be registered as sent: its schema is not a JSON
+    object the supervisor can read. Never read as "accepts anything"."""
+
     name: str
-    description: str
-    input_schema: dict[str, Any]
-    problem: str = ""
-    """Why the described tool cannot be registered as sent (an unreadable schema)."""
+    problem: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +61,7 @@ class Description:
     plugin_id: str
     plugin_version: str
     protocol: str
-    tools: tuple[ToolSpec, ...]
+    tools: tuple[ToolSpec | UnreadableTool, ...]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -285,21 +286,17 @@ class HostClient:
         with self._tracked(self._stub.Describe(pb.DescribeRequest(), timeout=timeout, metadata=self._md), "its Describe answer") as call:
             resp = await call
             await self._check_host(call)
-        tools = []
+        tools: list[ToolSpec | UnreadableTool] = []
         for t in resp.tools:
-            schema: dict[str, Any] = {}
-            problem = ""
             try:
                 parsed = json.loads(t.input_schema_json) if t.input_schema_json else {}
             except (json.JSONDecodeError, RecursionError) as e:
-                # Never read as "accepts anything": the tool is refused.
-                problem = f"its input schema is not JSON the supervisor can read ({type(e).__name__})"
-            else:
-                if isinstance(parsed, dict):
-                    schema = parsed
-                else:
-                    problem = f"its input schema is a JSON {type(parsed).__name__}, not an object"
-            tools.append(ToolSpec(name=t.name, description=t.description, input_schema=schema, problem=problem))
+                tools.append(UnreadableTool(name=t.name, problem=f"its input schema is not JSON the supervisor can read ({type(e).__name__})"))
+                continue
+            if not isinstance(parsed, dict):
+                tools.append(UnreadableTool(name=t.name, problem=f"its input schema is a JSON {type(parsed).__name__}, not an object"))
+                continue
+            tools.append(ToolSpec(name=t.name, description=t.description, input_schema=parsed))
         return Description(plugin_id=resp.plugin_id, plugin_version=resp.plugin_version, protocol=resp.protocol, tools=tuple(tools))
 
     async def invoke(self, name: str, args_json: str, call_id: str, timeout: float, margin: float) -> ToolOutcome:

@@ -25,7 +25,8 @@ from clawsup.supervisor.sandboxes.lifecycle import SandboxState
 from clawsup.supervisor.paths import StatePaths
 from clawsup.supervisor.sandboxes.registry import Kind, Registry
 from clawsup.supervisor.sandboxes.log import SandboxLog
-from clawsup.supervisor.sandboxes.supervised import OutputSink, SandboxDirs, SandboxPlan, SupervisedSandbox, Timing, ToolResult
+from clawsup.supervisor.sandboxes.plans import SandboxPlan
+from clawsup.supervisor.sandboxes.supervised import OutputSink, SandboxDirs, SupervisedSandbox, Timing, ToolResult
 from clawsup.supervisor.tools.workspaces import CORE_TOOLS, Workspaces
 
 S = SandboxState

@@ -1,6 +1,9 @@
-"""From the operator's config and the plugins' manifests to one `SandboxPlan` per
-plugin. Manifests are read as JSON; no plugin code is imported. Every problem comes
-back as a `ConfigError` naming the key path or the plugin folder.
+"""Every `SandboxPlan`, the one description of what a sandbox runs and within which
+limits, is built here: one per plugin from the operator's config and the plugin's
+manifest (`build_plans`), and one per workspace or subagent run from the workspace
+settings (`workspace_plan`, `subagent_plan`). Manifests are read as JSON; no plugin
+code is imported. Every problem comes back as a `ConfigError` naming the key path or
+the plugin folder.
 
 The operator grants, the plugin only asks (DESIGN §5a): each limit is the stricter
 of the operator's value and the manifest's; backend, trust, network and the restart
@@ -11,8 +14,9 @@ the operator's value and a warning naming the key (tests/test_trust.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from loguru import logger
 
@@ -24,7 +28,14 @@ from clawsup.supervisor.errors import ConfigError
 from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy
 from clawsup.supervisor.names import reserved_reason
 from clawsup.supervisor.tools.schemas import CHECK_BUDGET_S, CheckTooCostly, SchemaRefused, compile_schema, outside_refs
-from clawsup.supervisor.sandboxes.supervised import SandboxPlan
+
+if TYPE_CHECKING:
+    from clawsup.supervisor.tools.workspaces import WorkspaceSettings
+
+Role = Literal["plugin", "workspace", "subagent"]
+"""What a sandbox hosts: one plugin; the core exec and file tools of a workspace,
+whose registrations the supervisor holds (supervisor/tools/workspaces.py); or one
+subagent run's agent loop (supervisor/agents/subagents.py)."""
 
 AVAILABLE_BACKENDS = frozenset({"process", "bwrap", "docker"})
 # The limits a manifest may ask for: (field, manifest key). Each is granted as the
@@ -40,6 +51,38 @@ CRASH_ALLOWANCE_S = 2.0
 MIN_PERIOD_S = 10.0
 # Problems of one plugin's config named, at most.
 MAX_CONFIG_PROBLEMS = 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxPlan:
+    """Everything needed to run one plugin's sandbox, resolved from the operator's
+    config and the plugin's manifest."""
+
+    sandbox_id: str
+    plugin_id: str
+    plugin_dir: Path | None
+    """None for a workspace sandbox, which loads no plugin."""
+    plugin_version: str
+    entry: str
+    declared_tools: frozenset[str]
+    plugin_config: dict[str, Any]
+    limits: Limits
+    restart: RestartPolicy
+    backend: str
+    role: Role = "plugin"
+    network: bool = True
+    workspace_tools: dict[str, Any] = field(default_factory=dict)
+    """For `workspace`: handed to the host on its gate (shell, kill grace, read cap)."""
+    trusted: bool = False
+    """The operator's `trust` for this plugin; workspace and subagent sandboxes run
+    model-written commands and are never trusted."""
+    protected_paths: tuple[str, ...] = ()
+    """Workspace-relative paths read-only to the child (see LaunchSpec)."""
+    requested: dict[str, Any] = field(default_factory=dict)
+    """What the manifest asked for (`sandbox`), for `clawsup plugins show`."""
+    refused: tuple[str, ...] = ()
+    """Each part of the manifest's ask the operator's config did not grant, as a
+    sentence (also logged at start)."""
 
 
 def build_plans(
@@ -234,15 +277,58 @@ def _plan(
     )
 
 
+def workspace_plan(settings: WorkspaceSettings, sandbox_id: str) -> SandboxPlan:
+    """A workspace sandbox: the host of the core exec and file tools, which run
+    model-written commands and so are never trusted."""
+    s = settings
+    return SandboxPlan(
+        **_no_plugin(sandbox_id),
+        limits=replace(s.limits, call_timeout_s=max(s.limits.call_timeout_s, 30.0)),
+        restart=s.restart,
+        backend=s.backend,
+        role="workspace",
+        network=s.network,
+        trusted=False,
+        protected_paths=s.protected_paths,
+        workspace_tools={
+            "shell": s.exec.shell, "kill_grace_s": s.exec.kill_grace_s, "read_max_bytes": s.read_max_bytes,
+            "protected_paths": list(s.protected_paths),
+        },  # fmt: skip
+    )
+
+
+def subagent_plan(settings: WorkspaceSettings, sandbox_id: str, backend: str) -> SandboxPlan:
+    """A subagent run's sandbox. Its loop only talks to the supervisor: small
+    limits, no network, and a crash fails the run (no second try)."""
+    s = settings
+    return SandboxPlan(
+        **_no_plugin(sandbox_id),
+        limits=replace(s.limits, memory_bytes=min(s.limits.memory_bytes, 512 * MiB), max_processes=min(s.limits.max_processes, 64)),
+        restart=RestartPolicy(max_restarts=0),
+        backend=backend,
+        role="subagent",
+        network=False,
+    )
+
+
+def _no_plugin(sandbox_id: str) -> dict[str, Any]:
+    return {
+        "sandbox_id": sandbox_id, "plugin_id": sandbox_id, "plugin_dir": None, "plugin_version": "core", "entry": "",
+        "declared_tools": frozenset(), "plugin_config": {},
+    }  # fmt: skip
+
+
 def restart_policy(r: RestartRequest) -> tuple[RestartPolicy, str]:
     """The policy, with its period raised where it is too short for a crash loop to
     spend the budget (deaths spaced by the backoff would each fall outside the
     window, and the loop would never reach `failed`); and a sentence saying so."""
-    given = {
-        "max_restarts": r.max_restarts, "period_s": r.period_seconds,
-        "backoff_initial_s": r.backoff_initial_seconds, "backoff_max_s": r.backoff_max_seconds,
-    }  # fmt: skip
-    policy = RestartPolicy(**{k: v for k, v in given.items() if v is not None})
+    d = RestartPolicy()  # the defaults' one source
+    policy = RestartPolicy(
+        max_restarts=d.max_restarts if r.max_restarts is None else r.max_restarts,
+        period_s=d.period_s if r.period_seconds is None else r.period_seconds,
+        backoff_initial_s=d.backoff_initial_s if r.backoff_initial_seconds is None else r.backoff_initial_seconds,
+        backoff_max_s=d.backoff_max_s if r.backoff_max_seconds is None else r.backoff_max_seconds,
+    )
     floor = max(MIN_PERIOD_S, period_floor(policy))
     if policy.period_s >= floor:
         return policy, ""

@@ -39,7 +39,8 @@ from clawsup.supervisor.errors import (
     ToolFailed,
     ToolTimeout,
 )
-from clawsup.supervisor.sandboxes.host_client import CallAborted, ChildStream, ExecResult, HostClient, HostMisbehaved, HostUnreachable
+from clawsup.supervisor.sandboxes.host_client import CallAborted, ChildStream, ExecResult, HostClient, HostMisbehaved, HostUnreachable, UnreadableTool
+from clawsup.supervisor.tools.spec import ToolSpec
 from clawsup.supervisor.sandboxes.incarnation import Incarnation, running
 from clawsup.supervisor.sandboxes.lifecycle import ALIVE, Lifecycle, RestartPolicy, SandboxState, Transition
 from clawsup.supervisor.paths import child_dir, own_dir, workspace_tmp
@@ -65,40 +66,6 @@ MAX_SERVICE_REQUESTS = 8
 # many more is looked at this far, and its refusals are named this many times.
 MAX_DESCRIBED_TOOLS = 1024
 MAX_NAMED_REFUSALS = 16
-
-
-@dataclass(frozen=True, kw_only=True)
-class SandboxPlan:
-    """Everything needed to run one plugin's sandbox, resolved from the operator's
-    config and the plugin's manifest."""
-
-    sandbox_id: str
-    plugin_id: str
-    plugin_dir: Path | None
-    """None for a workspace sandbox, which loads no plugin."""
-    plugin_version: str
-    entry: str
-    declared_tools: frozenset[str]
-    plugin_config: dict[str, Any]
-    limits: Limits
-    restart: RestartPolicy
-    backend: str
-    role: str = "plugin"
-    """`plugin`, or `workspace`: a host of the core exec and file tools, whose
-    registrations the supervisor holds (see supervisor/tools/workspaces.py)."""
-    network: bool = True
-    workspace_tools: dict[str, Any] = field(default_factory=dict)
-    """For `workspace`: handed to the host on its gate (shell, kill grace, read cap)."""
-    trusted: bool = False
-    """The operator's `trust` for this plugin; workspace and subagent sandboxes run
-    model-written commands and are never trusted."""
-    protected_paths: tuple[str, ...] = ()
-    """Workspace-relative paths read-only to the child (see LaunchSpec)."""
-    requested: dict[str, Any] = field(default_factory=dict)
-    """What the manifest asked for (`sandbox`), for `clawsup plugins show`."""
-    refused: tuple[str, ...] = ()
-    """Each part of the manifest's ask the operator's config did not grant, as a
-    sentence (also logged at start)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -515,7 +482,7 @@ class SupervisedSandbox:
             tg.create_task(self._watch_disk(inc), name=f"{self.id}#{inc.number} disk")
             tg.create_task(self._serve_stream(inc), name=f"{self.id}#{inc.number} stream")
 
-    async def _accept(self, tools: Any) -> None:
+    async def _accept(self, tools: tuple[ToolSpec | UnreadableTool, ...]) -> None:
         """The supervisor is the judge: a refused tool is logged, the rest stay. A
         host that describes a flood of names it may not register gets the first few
         refusals named and the rest counted in one line, so that it cannot fill the
@@ -548,13 +515,13 @@ class SupervisedSandbox:
             self.log.event(line)
             logger.warning("{}: {}", self.id, line)
 
-    def _screen(self, spec: Any) -> Registration | str:
+    def _screen(self, spec: ToolSpec | UnreadableTool) -> Registration | str:
         """One described tool as a registration, or why it may not be one (without
         compiling its schema)."""
         if not re.fullmatch(TOOL_NAME_PATTERN, spec.name):
             return "not a valid tool name (letters, digits, _ and -, at most 64)"
-        if spec.problem:
-            return str(spec.problem)
+        if isinstance(spec, UnreadableTool):
+            return spec.problem
         reg = Registration(
             kind=Kind.TOOL,
             name=spec.name,

@@ -34,11 +34,11 @@ from clawsup.sandbox.manifest import format_validation_error
 from clawsup.supervisor.config import ClawsupConfig
 from clawsup.supervisor.errors import BadToolArguments, ConfigError, ExecBlocked, SandboxUnavailable
 from clawsup.supervisor.tools.exec_screen import ExecScreen
-from clawsup.supervisor.sandboxes.plans import restart_policy
+from clawsup.supervisor.sandboxes.plans import SandboxPlan, restart_policy, workspace_plan
 from clawsup.supervisor.sandboxes.host_client import ExecResult
 from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy, SandboxState
 from clawsup.supervisor.sandboxes.registry import CORE_OWNER, Kind, Registration, Registry
-from clawsup.supervisor.sandboxes.supervised import SETTLED, OutputSink, SandboxPlan, SupervisedSandbox, ToolResult
+from clawsup.supervisor.sandboxes.supervised import SETTLED, OutputSink, SupervisedSandbox, ToolResult
 
 DEFAULT_AGENT = "main"
 IDLE_STOP_TIMEOUT_S = 10.0
@@ -209,27 +209,7 @@ class Workspaces:
         self._closed = False
 
     def plan_for(self, sandbox_id: str) -> SandboxPlan:
-        s = self.settings
-        return SandboxPlan(
-            sandbox_id=sandbox_id,
-            plugin_id=sandbox_id,
-            plugin_dir=None,
-            plugin_version="core",
-            entry="",
-            declared_tools=frozenset(),
-            plugin_config={},
-            limits=replace(s.limits, call_timeout_s=max(s.limits.call_timeout_s, 30.0)),
-            restart=s.restart,
-            backend=s.backend,
-            role="workspace",
-            network=s.network,
-            trusted=False,
-            protected_paths=s.protected_paths,
-            workspace_tools={
-                "shell": s.exec.shell, "kill_grace_s": s.exec.kill_grace_s, "read_max_bytes": s.read_max_bytes,
-                "protected_paths": list(s.protected_paths),
-            },  # fmt: skip
-        )
+        return workspace_plan(self.settings, sandbox_id)
 
     def sandbox_id(self, agent: str | None, session: str | None, pinned: str | None = None) -> str:
         return pinned or workspace_sandbox_id(self.settings.scope, agent or DEFAULT_AGENT, session)

@@ -16,13 +16,7 @@ from typing import Any, Protocol
 
 from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.sandboxes.registry import Kind, Registry
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str
-    schema: dict[str, Any]
+from clawsup.supervisor.tools.spec import ToolSpec
 
 
 def tool_specs(registry: Registry, names: Iterable[str]) -> list[ToolSpec]:
@@ -31,7 +25,7 @@ def tool_specs(registry: Registry, names: Iterable[str]) -> list[ToolSpec]:
     for name in names:
         reg = registry.get(Kind.TOOL, name)
         if reg is not None:
-            out.append(ToolSpec(name=reg.name, description=reg.description, schema=reg.input_schema))
+            out.append(ToolSpec(name=reg.name, description=reg.description, input_schema=reg.input_schema))
     return out
 
 

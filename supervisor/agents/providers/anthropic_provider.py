@@ -8,7 +8,8 @@ from typing import Any
 
 import anthropic
 
-from clawsup.supervisor.agents.providers import ModelReply, ProviderError, TextSink, ToolCall, ToolSpec, TurnContext, Usage
+from clawsup.supervisor.tools.spec import ToolSpec
+from clawsup.supervisor.agents.providers import ModelReply, ProviderError, TextSink, ToolCall, TurnContext, Usage
 
 
 class AnthropicProvider:
@@ -21,7 +22,7 @@ class AnthropicProvider:
     async def complete(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply:
         kwargs: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "system": ctx.system, "messages": to_anthropic(messages)}
         if tools:
-            kwargs["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.schema or {"type": "object"}} for t in tools]
+            kwargs["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.input_schema or {"type": "object"}} for t in tools]
         try:
             async with self.client.messages.stream(**kwargs) as stream:
                 async for text in stream.text_stream:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from clawsup.supervisor.agents.providers import ModelReply, ProviderError, TextSink, ToolCall, ToolSpec, TurnContext, Usage
+from clawsup.supervisor.tools.spec import ToolSpec
+from clawsup.supervisor.agents.providers import ModelReply, ProviderError, TextSink, ToolCall, TurnContext, Usage
 
 
 class LiteLLMProvider:
@@ -34,7 +35,7 @@ class LiteLLMProvider:
             "timeout": self.timeout_s,
         }
         if tools:
-            kwargs["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.schema or {"type": "object"}}} for t in tools]
+            kwargs["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema or {"type": "object"}}} for t in tools]
         if self.base_url:
             kwargs["api_base"] = self.base_url
         if self.api_key:

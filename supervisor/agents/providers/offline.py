@@ -12,7 +12,8 @@ import asyncio
 import json
 from typing import Any
 
-from clawsup.supervisor.agents.providers import ModelReply, TextSink, ToolCall, ToolSpec, TurnContext, Usage
+from clawsup.supervisor.tools.spec import ToolSpec
+from clawsup.supervisor.agents.providers import ModelReply, TextSink, ToolCall, TurnContext, Usage
 
 NAME = "offline"
 
