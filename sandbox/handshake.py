@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 MAGIC = "CLAWSUP"
 CORE_PROTOCOL_VERSION = 1
@@ -127,6 +127,10 @@ def parse_handshake(line: str) -> Handshake:
     return Handshake(network=parts[2], address=parts[3], protocol=parts[4])
 
 
+SandboxRole = Literal["plugin", "workspace", "subagent"]
+"""What a sandbox is for: one plugin, an agent's workspace, or one subagent run."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class GatePayload:
     """What the supervisor tells a child on its start gate. The plugin's identity and
@@ -142,9 +146,10 @@ class GatePayload:
     plugin_config: dict[str, Any]
     run_as: tuple[int, int] | None = None
     """(uid, gid) the child drops to, itself, before any plugin code runs."""
-    role: str = "plugin"
+    role: SandboxRole = "plugin"
     """`plugin`: load the plugin at --plugin-dir. `workspace`: serve the core exec
-    and file tools on the workspace (the cwd) instead; no plugin code at all."""
+    and file tools on the workspace (the cwd) instead; no plugin code at all.
+    `subagent`: a workspace host that also runs one subagent's loop (RunAgent)."""
     workspace_tools: dict[str, Any] = field(default_factory=dict)
     """For `workspace`: shell, kill_grace_s, read_max_bytes (see
     sandbox/host/server.py serve)."""

@@ -1,18 +1,20 @@
 """`clawsup.plugin.json`: what a plugin folder says about itself.
 
-Read as JSON by the supervisor (which never imports plugin code) and by the host
-child. Pydantic, because the file comes from a plugin author and crosses a trust line;
-errors name the key path.
+Read as JSON by the supervisor, which never imports plugin code (the child gets what
+it needs of it, the entry and the config, on its start gate). Pydantic, because the
+file comes from a plugin author and crosses a trust line; errors name the key path.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
+
+from clawsup.sandbox.launch.launcher import Backend
 
 MANIFEST_NAME = "clawsup.plugin.json"
 
@@ -27,7 +29,6 @@ MAX_DESCRIPTION_CHARS = 1024
 MAX_CONTRACT_NAMES = 128
 MAX_CONFIG_SCHEMA_BYTES = 64 * 1024
 
-Backend = Literal["process", "bwrap", "docker"]
 
 
 class _Model(BaseModel):

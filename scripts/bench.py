@@ -6,7 +6,7 @@ and writes the numbers as JSON to --out.
     python scripts/bench.py --only g|h|i|m|n|ab   (one figure)
 
 Figures (see issue 2):
-  (a) warm tool call, supervisor -> plugin -> supervisor, through SandboxManager.invoke
+  (a) warm tool call, supervisor -> plugin -> supervisor, through ToolDispatcher.invoke
       baseline: a bare grpc.aio unary echo over a unix socket, same payload
   (b) cold start, spawn -> ready (handshake, health, Describe, registered)
       baseline: spawning the same interpreter running `import grpc`
@@ -18,7 +18,7 @@ Figures (issue 12: plugins start on bwrap by default):
   (a') and (b'): (a) and (b) with the plugin on the bwrap backend, with the same
       baselines, measured in the same run
 Figures (issue 3):
-  (e) the exec tool running `true`, end to end through SandboxManager.invoke (screen,
+  (e) the exec tool running `true`, end to end through ToolDispatcher.invoke (screen,
       workspace sandbox on the process backend, Exec stream, result)
       baseline: asyncio.create_subprocess_exec('/bin/true') and wait, in this process
   (f) the same on the bwrap backend (skipped, and said, when bwrap is unavailable)
@@ -33,7 +33,7 @@ Figure (issue 4):
 Figures (issue 5):
   (h) turn overhead: a full turn through the agent loop with the offline provider and
       one tool call (`echo`), minus that tool call's own time (measured alone, through
-      SandboxManager.invoke, in the same run)
+      ToolDispatcher.invoke, in the same run)
   (i) one tool-policy decision (what `clawsup tools explain` computes) over 200 tools
       with every layer set
 Figure (issue 7):
@@ -91,7 +91,10 @@ from clawsup.supervisor.paths import StatePaths  # noqa: E402
 from clawsup.supervisor.sandboxes.registry import Registry  # noqa: E402
 from clawsup.supervisor.sandboxes.plans import SandboxPlan  # noqa: E402
 from clawsup.supervisor.sandboxes.supervised import Timing  # noqa: E402
-from clawsup.supervisor.tools.workspaces import CORE_TOOLS, Workspaces, WorkspaceSettings, register_core_tools  # noqa: E402
+from clawsup.supervisor.tools.core import CORE_TOOLS, register_core_tools  # noqa: E402
+from clawsup.supervisor.tools.dispatch import ToolDispatcher  # noqa: E402
+from clawsup.supervisor.tools.workspace_settings import WorkspaceSettings  # noqa: E402
+from clawsup.supervisor.tools.workspaces import Workspaces  # noqa: E402
 
 PAYLOAD = "x" * 100
 
@@ -146,9 +149,10 @@ async def bench_bare_echo(path: str, calls: int, warmup: int) -> list[float]:
 async def bench_calls(manager: SandboxManager, calls: int, warmup: int) -> list[float]:
     out = []
     args = {"text": PAYLOAD}
+    tools = ToolDispatcher(manager, None)
     for i in range(warmup + calls):
         t0 = time.perf_counter()
-        r = await manager.invoke("echo", args)
+        r = await tools.invoke("echo", args)
         if i >= warmup:
             out.append((time.perf_counter() - t0) * 1000)
         assert r.text == PAYLOAD
@@ -304,11 +308,11 @@ async def bench_spawn_true(n: int, warmup: int, *, shell: bool = False) -> list[
     return out
 
 
-async def bench_exec_true(manager: SandboxManager, agent: str, n: int, warmup: int) -> list[float]:
+async def bench_exec_true(tools: ToolDispatcher, agent: str, n: int, warmup: int) -> list[float]:
     out = []
     for i in range(n + warmup):
         t0 = time.perf_counter()
-        r = await manager.invoke("exec", {"command": "true"}, agent=agent)
+        r = await tools.invoke("exec", {"command": "true"}, agent=agent)
         if i >= warmup:
             out.append((time.perf_counter() - t0) * 1000)
         assert r.value()["exit_code"] == 0, r.text
@@ -426,16 +430,23 @@ def print_messages(g: dict[str, Any]) -> None:
 async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, Any]:
     """A turn = the session's history (read from its file on a session's first turn,
     kept in memory after), policy, offline model, one echo call, model again, store;
-    through AgentLoop.turn as the dispatcher calls it. The echo call alone is
+    through AgentLoop.turn as the session lanes call it. The echo call alone is
     measured in interleaved blocks and subtracted (medians)."""
     from clawsup.supervisor.agents.loop import AgentLoop
-    from clawsup.supervisor.messages.bus import InboundMessage, ReplyTarget
+    from clawsup.supervisor.agents.models import Models
+    from clawsup.supervisor.agents.subagents import build_subagents
+    from clawsup.supervisor.messages.bus import InboundMessage, MessageBus, ReplyTarget
     from clawsup.supervisor.config import ClawsupConfig
     from clawsup.supervisor.messages.routing import Peer, Route, RouteInput
     from clawsup.supervisor.messages.session_store import SessionStore
 
     store = SessionStore(tmp / "bench-sessions", fsync="never")
-    loop = AgentLoop(ClawsupConfig(), manager=manager, store=store)
+    cfg = ClawsupConfig()
+    models = Models(cfg)
+    workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend="process"))
+    tools = ToolDispatcher(manager, None)
+    spawn = build_subagents(cfg, models=models, sandboxes=manager, workspaces=workspaces, tools=tools, store=store, sessions=MessageBus().inbound, backends={"main": "process"}, journal=None)
+    loop = AgentLoop(cfg, models=models, tools=tools, spawn=spawn, store=store)
     peer = Peer.of("direct", "bench")
     route = Route(agent_id="main", matched_by="default", session_key="agent:main:bench", main_session_key="agent:main:main", account_id="default")
 
@@ -457,7 +468,7 @@ async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, An
     for _ in range(10):
         for i in range(block):
             t0 = time.perf_counter()
-            await manager.invoke("echo", {"text": "x"})
+            await tools.invoke("echo", {"text": "x"})
             tool.append((time.perf_counter() - t0) * 1000)
         for i in range(block):
             t0 = time.perf_counter()
@@ -471,24 +482,26 @@ async def bench_turn(manager: SandboxManager, tmp: Path, n: int) -> dict[str, An
 async def bench_subagent(manager: SandboxManager, tmp: Path, n: int, backend: str) -> dict[str, Any]:
     from clawsup.supervisor.messages.bus import InboundMessage, MessageBus, ReplyTarget
     from clawsup.supervisor.config import ClawsupConfig
-    from clawsup.supervisor.agents.providers.offline import OfflineProvider
+    from clawsup.supervisor.agents.models import Models
     from clawsup.supervisor.messages.routing import Peer, Route, RouteInput
     from clawsup.supervisor.messages.session_store import SessionStore
-    from clawsup.supervisor.agents.subagents import Origin, SpawnArgs, Subagents
+    from clawsup.supervisor.agents.runs import Origin
+    from clawsup.supervisor.agents.spawn_tools import SpawnArgs
+    from clawsup.supervisor.agents.subagents import build_subagents
     from clawsup.supervisor.agents.tool_policy import Caller
 
-    manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
+    workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
     store = SessionStore(tmp / f"bench-runs-{backend}", fsync="never")
     bus = MessageBus()
-    offline = OfflineProvider()
-    subs = Subagents(ClawsupConfig(), manager=manager, store=store, bus=bus, provider=lambda _: offline, model_of=lambda _: "offline", backends={"main": backend})
+    cfg = ClawsupConfig()
+    subs = build_subagents(cfg, models=Models(cfg), sandboxes=manager, workspaces=workspaces, tools=ToolDispatcher(manager, workspaces), store=store, sessions=bus.inbound, backends={"main": backend}, journal=None)
     peer = Peer.of("direct", "bench")
     route = Route(agent_id="main", matched_by="default", session_key="agent:main:bench", main_session_key="agent:main:main", account_id="default")
     msg = InboundMessage(source=RouteInput(channel="cli", peer=peer), text="spawn", reply_to=ReplyTarget(channel="cli", account_id="default", peer=peer))
     origin = Origin(session_key=route.session_key, agent_id="main", caller=Caller(agent="main", owner=True), allowed=frozenset(), message=msg, route=route)
     # The baseline: a host of the same runtime with no plugin either (a workspace
     # sandbox), stopped and started again.
-    host = await manager.workspaces.sandbox(f"bench-runs-{backend}", None)  # its own, not (e)'s
+    host = await workspaces.sandbox(f"bench-runs-{backend}", None)  # its own, not (e)'s
     stop = asyncio.Event()
     figure, base = [], []
     async with asyncio.TaskGroup() as tg:
@@ -768,13 +781,13 @@ async def _all_in_manager(a: Any, manager: SandboxManager, launchers: dict[str, 
         if backend not in launchers:
             results[key] = {"skipped": bwrap_problem()}
             continue
-        manager.workspaces = Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend))
+        tools = ToolDispatcher(manager, Workspaces(manager, WorkspaceSettings(scope="agent", backend=backend)))
         figure, base, shell = [], [], []
         block = max(a.execs // 10, 1)
         for _ in range(10):
             base += await bench_spawn_true(block, 20)
             shell += await bench_spawn_true(block, 20, shell=True)
-            figure += await bench_exec_true(manager, f"bench-{backend}", block, 20)
+            figure += await bench_exec_true(tools, f"bench-{backend}", block, 20)
         results[key] = {
             "figure": summary(figure),
             "baseline": summary(base),

@@ -27,9 +27,9 @@ VENV=${CLAWSUP_NONROOT_VENV:-/opt/clawsup-nonroot}
 PY=/usr/bin/python3
 SUITE_PY=${PYTHON:-python3}
 STAMP=$VENV/.clawsup-source-key
-# Everything pyproject.toml puts in the wheel, and what may join it (the bundled
-# plugins, the docker image's recipe).
-SOURCES=(pyproject.toml README.md supervisor sandbox proto plugins Dockerfile.sandbox scripts/build-sandbox-image)
+# Everything that goes into the wheel: pyproject.toml and setup.py (which maps the
+# folders to the clawsup namespace), the folders, the docker image's recipe.
+SOURCES=(pyproject.toml setup.py README.md supervisor sandbox proto plugins Dockerfile.sandbox scripts/build-sandbox-image)
 
 pins() {
   "$SUITE_PY" -c 'import importlib.metadata as m

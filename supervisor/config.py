@@ -17,6 +17,7 @@ import json5
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from clawsup.sandbox.launch.launcher import BackendChoice
 from clawsup.sandbox.manifest import RestartRequest, SandboxRequest
 from clawsup.supervisor.errors import ConfigError
 
@@ -102,7 +103,6 @@ class PluginLoad(_Model):
 
 
 Trust = Literal["untrusted", "trusted"]
-PluginBackend = Literal["auto", "process", "bwrap", "docker"]
 
 
 class RestartGrant(RestartRequest):
@@ -121,7 +121,7 @@ class SandboxGrant(SandboxRequest):
     limits of `sandbox.defaults`, with the same bounds. (A manifest may ask for more
     than these, and is shown and refused for it, not failed.)"""
 
-    backend: PluginBackend | None = None  # type: ignore[assignment]
+    backend: BackendChoice | None = None  # type: ignore[assignment]  # wider than a manifest's: `auto` too
     call_timeout_seconds: CallSeconds | None = None
     memory_mb: SandboxMemoryMb | None = None
     cpu_seconds: CpuSeconds | None = None
@@ -153,7 +153,7 @@ class PluginsConfig(_Model):
 
 
 class SandboxDefaults(_Model):
-    backend: PluginBackend = "auto"
+    backend: BackendChoice = "auto"
     """`auto`: bwrap where it works, else docker where an engine and the image are
     there; a trusted plugin may also fall back to `process`, an untrusted one never
     does (it is refused at start, with the reason)."""
@@ -305,11 +305,8 @@ class ToolsConfig(_OpenClaw):
         return self.model_dump(by_alias=True, exclude={"exec", "fs", "agent_to_agent"})
 
 
-WorkspaceBackend = Literal["auto", "process", "bwrap", "docker"]
-
-
 class AgentSandboxOverride(_OpenClaw):
-    backend: WorkspaceBackend | None = None
+    backend: BackendChoice | None = None
     """Where this agent's subagent runs live (default: `agents.defaults.sandbox.backend`)."""
 
 
@@ -318,7 +315,7 @@ class AgentSandboxConfig(_OpenClaw):
 
     scope: Literal["agent", "session", "shared"] = "agent"
     """One workspace sandbox per agent, per session, or one for everything."""
-    backend: WorkspaceBackend = "auto"
+    backend: BackendChoice = "auto"
     """`auto`: bwrap when it works on this machine, else docker; else, only when
     `processFallback` allows it, process (said at start and in status: the process
     backend is not a security boundary). A named backend that cannot work here is a
@@ -430,11 +427,14 @@ class AgentsConfig(_OpenClaw):
         return self.entries[0].id if self.entries else DEFAULT_AGENT_ID
 
 
-PeerKind = Literal["direct", "dm", "group", "channel"]
+PeerKind = Literal["direct", "group", "channel"]
+"""A peer's kind, as routing and session keys see it."""
+PeerKindSetting = Literal["direct", "dm", "group", "channel"]
+"""As a binding may write it: `dm` is `direct`."""
 
 
 class PeerMatch(_OpenClaw):
-    kind: PeerKind
+    kind: PeerKindSetting
     id: str = Field(min_length=1)
 
 
@@ -495,8 +495,12 @@ class ChannelsConfig(_Model):
     http: HttpChannelConfig = Field(default_factory=HttpChannelConfig)
 
 
+FsyncMode = Literal["always", "interval", "never"]
+"""When the session store forces an appended record to disk (supervisor/messages/session_store.py)."""
+
+
 class SessionStoreConfig(_Model):
-    fsync: Literal["always", "interval", "never"] = "always"
+    fsync: FsyncMode = "always"
     """When an appended message is forced to disk. Every message is written before
     it is acknowledged, so a killed supervisor loses nothing acknowledged with any
     of these; `always` also survives a power cut (at a cost per message), `interval`

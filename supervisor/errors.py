@@ -1,15 +1,33 @@
 """One small tree of errors. Each `str()` is a sentence an operator can act on, and
-the model sees the same sentence as a tool result with `is_error` set."""
+the model sees the same sentence as a tool result with `is_error` set.
+
+Each class has a stable `code`, which the control API and the http channel send
+beside the sentence (`{"code": ..., "message": ...}`); `ErrorCode` lists them all,
+including those of errors defined beside the code that raises them.
+"""
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 from clawsup.sandbox.launch.launcher import ExitStatus
+
+ErrorCode = Literal[
+    "error", "config", "registration_refused", "tool_not_found", "tool_failed", "tool_timeout", "bad_arguments",
+    "sandbox_died", "sandbox_unavailable", "unknown_sandbox", "exec_blocked",
+    "busy", "session_busy", "gateway_busy",  # supervisor/messages/bus.py
+    "spawn_refused",  # supervisor/agents/spawn_tools.py
+    "provider_error",  # supervisor/agents/providers
+    "already_running",  # supervisor/control/gateway.py
+    "unsafe_state_path",  # supervisor/paths.py
+    "uid_registry",  # sandbox/launch/uids.py
+]  # fmt: skip
 
 
 class ClawsupError(Exception):
     """Base of every error clawsup raises on purpose."""
 
-    code = "error"
+    code: ClassVar[ErrorCode] = "error"
 
 
 class ConfigError(ClawsupError):
@@ -44,13 +62,28 @@ class ToolNotFound(ClawsupError):
         super().__init__(f"no tool named {name!r} is registered{hint}")
 
 
+HostFailureKind = Literal[
+    "kind_unspecified", "handler_raised", "unknown_tool", "bad_arguments", "timed_out", "bad_result", "tool_error", "unknown"
+]
+"""How a host says a tool call failed: the names of host.proto's ToolFailure.Kind,
+lower case, and `unknown` for a number this supervisor does not know."""
+FailureKind = (
+    HostFailureKind
+    | Literal["transport", "protocol", "auth", "too_large"]
+    | Literal["invalid_arguments", "invalid_schema", "schema_too_costly", "not_routable"]
+)
+"""Why a tool call failed with the sandbox fine: the host said so; the call's
+transport broke or the host's answer broke the protocol (host_client.HostMisbehaved);
+or the supervisor refused it before dispatch."""
+
+
 class ToolFailed(ClawsupError):
     """The tool ran and reported an error (its handler raised, or its arguments were
     refused). The sandbox is fine."""
 
-    code = "tool_failed"
+    code: ClassVar[ErrorCode] = "tool_failed"
 
-    def __init__(self, tool: str, owner: str, kind: str, message: str) -> None:
+    def __init__(self, tool: str, owner: str, kind: FailureKind, message: str) -> None:
         self.tool = tool
         self.owner = owner
         self.kind = kind

@@ -292,3 +292,29 @@ def test_a_session_file_torn_by_a_crash_is_read_around(gateway_factory: Any, sta
         assert "is not a whole record (a torn write?); skipped" in gw.supervisor_log()
         assert "its last line was torn" in gw.supervisor_log()
         assert ask(gw, "and again") == "answer 2"
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        {"role": "user", "text": "hello"},
+        {"role": "user", "text": "You are repeating yourself", "warning": True},
+        {"role": "assistant", "text": "", "toolCalls": [{"id": "t1", "name": "echo", "args": {"text": "x"}}]},
+        {"role": "assistant", "text": "done", "toolCalls": []},
+        {"role": "tool", "toolCallId": "t1", "name": "echo", "content": "x", "isError": False},
+        {"role": "tool", "toolCallId": "t2", "name": "exec", "content": "boom", "isError": True},
+    ],
+)
+def test_messages_keep_their_wire_shape(wire: dict[str, Any]) -> None:
+    """What crosses the sandbox wall and what the session file holds: the typed
+    messages read it and write it back unchanged."""
+    from clawsup.sandbox.agent_loop import message_from_json, message_json
+
+    assert message_json(message_from_json(wire)) == wire
+
+
+def test_an_unknown_role_is_not_a_message() -> None:
+    from clawsup.sandbox.agent_loop import message_from_json
+
+    with pytest.raises(ValueError, match="not a message role: 'system'"):
+        message_from_json({"role": "system", "text": "x"})

@@ -1,4 +1,4 @@
-"""The dispatcher and the session store in process (no sandbox involved): lanes that
+"""The session lanes (supervisor/messages/lanes.py) and the session store in process (no sandbox involved): lanes that
 end with their work, per-session and gateway-wide backpressure with messages that
 arrive in separate loop ticks, `/stop` past a full gateway, session files closed
 least-recently-used, and a torn session file."""
@@ -13,7 +13,7 @@ import pytest
 
 from clawsup.supervisor.messages.bus import GatewayBusy, InboundMessage, MessageBus, ReplyTarget
 from clawsup.supervisor.config import ClawsupConfig
-from clawsup.supervisor.messages.lanes import Dispatcher, PlaceholderAgent, SessionBusy
+from clawsup.supervisor.messages.lanes import PlaceholderAgent, SessionBusy, SessionLanes
 from clawsup.supervisor.messages.routing import Peer, RouteInput, Router
 from clawsup.supervisor.messages.session_store import SessionStore, read_session
 
@@ -54,7 +54,7 @@ async def started(tmp_path: Path, *, inbound: int = 1000, **kw):  # noqa: ANN201
     cfg = ClawsupConfig.model_validate({"session": {"dmScope": "per-peer"}})
     bus = MessageBus(inbound_capacity=inbound)
     chan = Collect()
-    d = Dispatcher(bus=bus, router=Router(cfg), store=SessionStore(tmp_path, fsync="never"), agent=PlaceholderAgent(), channels={"test": chan}, **kw)
+    d = SessionLanes(bus=bus, router=Router(cfg), store=SessionStore(tmp_path, fsync="never"), agent=PlaceholderAgent(), channels={"test": chan}, **kw)
     return bus, chan, d
 
 
@@ -235,7 +235,7 @@ async def test_a_store_that_fails_for_an_answer_costs_the_record_not_the_session
     cfg = ClawsupConfig.model_validate({"session": {"dmScope": "per-peer"}})
     bus = MessageBus(inbound_capacity=10)
     chan = Collect()
-    d = Dispatcher(bus=bus, router=Router(cfg), store=FailingStore(tmp_path, fsync="never"), agent=PlaceholderAgent(), channels={"test": chan})
+    d = SessionLanes(bus=bus, router=Router(cfg), store=FailingStore(tmp_path, fsync="never"), agent=PlaceholderAgent(), channels={"test": chan})
     async with asyncio.TaskGroup() as tg:
         run = tg.create_task(d.run())
         msgs = [message("a", f"n{i}") for i in range(3)]
@@ -248,6 +248,6 @@ async def test_a_store_that_fails_for_an_answer_costs_the_record_not_the_session
         run.cancel()
 
 
-async def _until_no_lanes(d: Dispatcher) -> None:
+async def _until_no_lanes(d: SessionLanes) -> None:
     while d.lanes():
         await asyncio.sleep(0.01)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from clawsup.sandbox.exec_result import ExecResult
 from clawsup.supervisor.tools.exec_screen import ExecScreen
 from tests.conftest import PLUGINS, Gateway, require_backend, require_kernel_limits, workspace_config
 
@@ -30,6 +31,24 @@ def gw(request: pytest.FixtureRequest, module_gateways: Any) -> Gateway:
     g: Gateway = module_gateways(request.param, cfg)
     g.wait("workspace-main", "ready")
     return g
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        ExecResult(exit_code=0, duration_s=0.25, output_bytes=3),
+        ExecResult(signal=9, timed_out=True, truncated=True, duration_s=1.5, output_bytes=10**9),
+        ExecResult(error="workdir: no such folder in the workspace"),
+    ],
+)
+def test_an_exec_result_crosses_the_wire_as_it_was(result: ExecResult) -> None:
+    """The host's one conversion to the wire and the supervisor's one conversion back:
+    exit code 0 stays 0, a signal's death has no exit code, a command that did not
+    start has neither."""
+    from clawsup.sandbox.host.server import _exec_message
+    from clawsup.supervisor.sandboxes.host_client import _exec_result
+
+    assert _exec_result(_exec_message(result)) == result
 
 
 def alive(gw: Gateway, pidfile: str) -> list[str]:

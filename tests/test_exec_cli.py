@@ -38,6 +38,8 @@ def test_output_then_the_result(backend: str) -> None:
     v = verdict(r.stdout)
     assert v["exit_code"] == 3 and v["signal"] is None and v["blocked_by"] is None
     assert v["timed_out"] is False and v["truncated"] is False and v["duration_s"] > 0
+    # The same fields as the exec tool's result (clawsup.sandbox.exec_result.ExecResult.to_json).
+    assert v["output_bytes"] == len("hi\nerr\n")
 
 
 def test_blocked_command_exits_nonzero_without_running(backend: str, tmp_path: Path) -> None:

@@ -92,3 +92,17 @@ def test_a_plugin_that_closes_its_stderr_still_gets_clear_errors_and_stops_at_on
     assert gw.status("quitter")["pid"] != pid
     log = gw.log("quitter")
     assert "shutdown requested by the supervisor" in log
+
+
+def test_every_failure_kind_on_the_wire_has_its_name() -> None:
+    """The supervisor names each ToolFailure.Kind of host.proto as before its names
+    were a Literal (the proto's, lower case; `unknown` for a number it does not
+    know): a kind added to the proto without a name in host_client fails here."""
+    from typing import get_args
+
+    from clawsup.supervisor.sandboxes import host_client
+    from clawsup.v1 import host_pb2 as pb
+
+    wire = {number: name.lower() for name, number in pb.ToolFailure.Kind.items()}
+    assert host_client._KIND_NAMES == wire
+    assert set(get_args(host_client.ToolFailureKind)) == {*wire.values(), "unknown"}

@@ -160,7 +160,7 @@ def test_a_plugins_registration_does_not_stall_other_callers(schemas_gw: Gateway
     """Each schema is compiled at registration, and the cache is keyed by the schema's
     text: a plugin whose schemas change at every start (a random `$comment`) pays the
     metaschema check, about a third of a second per 31 KB schema, at every start.
-    Done in one synchronous pass on the loop (`_accept`), that held an echo 2.8 s."""
+    Done in one synchronous pass on the loop (now `ToolAcceptance.judge`), that held an echo 2.8 s."""
     gw = schemas_gw
     worst, took, resp = worst_latency_during(lambda: gw.request(op="restart", sandbox="hostile_schemas", timeout=60), echo_probe(gw))
     assert isinstance(resp, dict) and resp["ok"], resp

@@ -308,7 +308,8 @@ EXEC_DRIVER = textwrap.dedent(
                 return int(line.split()[1])
 
     async def main(path, command, cap):
-        from clawsup.supervisor.sandboxes.host_client import AnswerTooLarge, ExecResult, HostClient
+        from clawsup.sandbox.exec_result import ExecResult
+        from clawsup.supervisor.sandboxes.host_client import AnswerTooLarge, HostClient
         client = HostClient(path, "supervisor-token", "host-token")
         rss0 = kib("VmRSS")
         chunks, result = [], None
@@ -381,13 +382,14 @@ def test_an_exec_message_past_the_limit_is_refused_with_a_reason(hostile_host: s
 # side holds even when a host has fallen.)
 HIJACK = textwrap.dedent(
     '''
+    from clawsup.sandbox.exec_result import ExecResult
     from clawsup.sandbox.host import exec_runner
 
     async def flood(self, command, *, cwd, timeout_s, cap, emit):
         size = 1024 * 1024
         for i in range(500):
             await emit((b"H" if i == 0 else b"T" if i == 499 else b"F") * size)
-        return exec_runner.ExecOutcome(exit_code=0, output_bytes=0)
+        return ExecResult(exit_code=0, output_bytes=0)
 
     exec_runner.ExecRunner.run = flood
     '''

@@ -26,6 +26,7 @@ from clawsup.supervisor.errors import ClawsupError, SandboxDied, SandboxUnavaila
 from clawsup.supervisor.control.gateway import GatewayOptions, run_gateway
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState, Transition
 from clawsup.supervisor.sandboxes.manager import SandboxManager
+from clawsup.supervisor.tools.dispatch import ToolDispatcher
 from clawsup.supervisor.sandboxes.supervised import SupervisedSandbox
 from tests.conftest import PLUGINS, Gateway, make_config, open_paths_wrap, wait_gone
 
@@ -74,16 +75,16 @@ def logs() -> AsyncIterator[Logs]:
     seen.close()
 
 
-async def _gateway(state: Path, on_ready: Callable[[SandboxManager], Awaitable[None]]) -> asyncio.Task[int]:
+async def _gateway(state: Path, on_ready: Callable[[SandboxManager, ToolDispatcher], Awaitable[None]]) -> asyncio.Task[int]:
     opts = GatewayOptions(config_path=_config(state), state_dir=state, on_ready=on_ready)
     return asyncio.create_task(run_gateway(opts), name="gateway under test")
 
 
-async def _spawned(manager: SandboxManager) -> list[int]:
+async def _spawned(manager: SandboxManager, tools: ToolDispatcher) -> list[int]:
     """The chaos host, and two grandchildren: one in its group, one that left it."""
     pids = [manager.sandboxes["chaos"].inc.child.pid]  # type: ignore[union-attr]
     for setsid in (False, True):
-        r = await manager.invoke("chaos_spawn", {"setsid": setsid})
+        r = await tools.invoke("chaos_spawn", {"setsid": setsid})
         pids.append(r.value()["pid"])
     return pids
 
@@ -108,8 +109,8 @@ async def test_a_failing_gateway_task_kills_every_child(state_dir: Path, logs: L
     monkeypatch.setattr(subagents.Subagents, "run", failing_run)
     pids: list[int] = []
 
-    async def on_ready(manager: SandboxManager) -> None:
-        pids.extend(await _spawned(manager))
+    async def on_ready(manager: SandboxManager, tools: ToolDispatcher) -> None:
+        pids.extend(await _spawned(manager, tools))
         pids.append(manager.sandboxes["basics"].inc.child.pid)  # type: ignore[union-attr]
         armed.set()
 
@@ -141,11 +142,11 @@ async def test_a_supervision_crash_kills_that_child_and_nothing_else(state_dir: 
     monkeypatch.setattr(SupervisedSandbox, "_life", life)
     result: dict[str, Any] = {}
 
-    async def on_ready(manager: SandboxManager) -> None:
-        pids = await _spawned(manager)
+    async def on_ready(manager: SandboxManager, tools: ToolDispatcher) -> None:
+        pids = await _spawned(manager, tools)
         # A call in flight when supervision fails is told its sandbox went away, at
         # once: not a transport error, not a wait for its own timeout.
-        in_flight = asyncio.create_task(manager.invoke("chaos_sleep", {"seconds": 30}))
+        in_flight = asyncio.create_task(tools.invoke("chaos_sleep", {"seconds": 30}))
         await _until(lambda: bool(manager.sandboxes["chaos"].inc and manager.sandboxes["chaos"].inc.client and manager.sandboxes["chaos"].inc.client._inflight))
         boom.set()
         try:
@@ -157,9 +158,9 @@ async def test_a_supervision_crash_kills_that_child_and_nothing_else(state_dir: 
         await _until(lambda: "supervision failed" in logs.text())
         result["gone"] = await asyncio.to_thread(wait_gone, pids, 5)
         result["tools"] = [r.name for r in manager.registry.tools()]
-        result["echo"] = (await manager.invoke("echo", {"text": "still here"})).value()
+        result["echo"] = (await tools.invoke("echo", {"text": "still here"})).value()
         try:
-            await manager.invoke("chaos_ok", {})
+            await tools.invoke("chaos_ok", {})
         except SandboxUnavailable as e:
             result["error"] = str(e)
         result["state"] = chaos.lc.state
@@ -181,9 +182,9 @@ async def test_a_stop_that_overruns_its_timeout_still_kills(state_dir: Path, log
     a wedged child, and its grandchildren, are still killed."""
     result: dict[str, Any] = {}
 
-    async def on_ready(manager: SandboxManager) -> None:
+    async def on_ready(manager: SandboxManager, tools: ToolDispatcher) -> None:
         chaos = manager.sandboxes["chaos"]
-        pids = await _spawned(manager)
+        pids = await _spawned(manager, tools)
         # Wedged: it can answer neither the Shutdown RPC nor SIGTERM.
         os.kill(pids[0], signal.SIGSTOP)
         with pytest.raises(TimeoutError):
@@ -193,7 +194,7 @@ async def test_a_stop_that_overruns_its_timeout_still_kills(state_dir: Path, log
         await chaos.wait_state(frozenset({S.STOPPED}), 10)
         chaos.log.flush()
         result["log"] = chaos.log.path.read_text()
-        result["echo"] = (await manager.invoke("echo", {"text": "fine"})).value()
+        result["echo"] = (await tools.invoke("echo", {"text": "fine"})).value()
         os.kill(os.getpid(), 2)
 
     gw = await _gateway(state_dir, on_ready)
@@ -211,7 +212,7 @@ async def test_cancelled_during_launch_leaves_nothing(state_dir: Path, logs: Log
     caught at several moments after it began): no process of it is left."""
     result: dict[str, Any] = {}
 
-    async def on_ready(manager: SandboxManager) -> None:
+    async def on_ready(manager: SandboxManager, tools: ToolDispatcher) -> None:
         chaos = manager.sandboxes["chaos"]
         me = asyncio.current_task()
         assert me is not None
@@ -225,7 +226,7 @@ async def test_cancelled_during_launch_leaves_nothing(state_dir: Path, logs: Log
         chaos.lc.listeners.append(on_transition)
         result["first"] = chaos.inc.child.pid  # type: ignore[union-attr]
         with contextlib.suppress(ClawsupError):
-            await manager.invoke("chaos_crash", {})
+            await tools.invoke("chaos_crash", {})
         await asyncio.sleep(3600)  # cancelled from the listener
 
     gw = await _gateway(state_dir, on_ready)

@@ -1,13 +1,17 @@
-"""The state machine, one test per edge, and the restart policy on an injected clock."""
+"""The state machine, one test per edge, and the restart budget on an injected clock.
+
+The edges are checked against the table below, written here from the design
+(DESIGN.md, supervisor/sandboxes/lifecycle.py's docstring), not read from the
+module: an edge added to or dropped from the module's table fails a test."""
 
 from __future__ import annotations
 
-from collections import deque
 
 import pytest
 
 from clawsup.sandbox.launch.launcher import ExitStatus
-from clawsup.supervisor.sandboxes.lifecycle import EDGES, IllegalTransition, Lifecycle, RestartPolicy, SandboxState, Transition
+from clawsup.supervisor.sandboxes.lifecycle import IllegalTransition, Lifecycle, SandboxState, Transition
+from clawsup.supervisor.sandboxes.restarts import RestartBudget, RestartPolicy
 
 S = SandboxState
 
@@ -21,13 +25,28 @@ class FakeClock:
 
 
 def lifecycle_at(state: SandboxState, clock: FakeClock | None = None) -> Lifecycle:
-    lc = Lifecycle(sandbox_id="p-1", policy=RestartPolicy(), clock=clock or FakeClock())
+    lc = Lifecycle(sandbox_id="p-1", clock=clock or FakeClock())
     lc.state = state  # test setup only: the edge under test goes through enter()
     return lc
 
 
-ALLOWED = [(old, new) for old, targets in EDGES.items() for new in sorted(targets, key=lambda s: s.value)]
-FORBIDDEN = [(old, new) for old in S for new in S if new not in EDGES[old]]
+ALLOWED = [
+    (S.STOPPED, S.STARTING),
+    (S.STARTING, S.READY),
+    (S.STARTING, S.CRASHED),
+    (S.STARTING, S.DRAINING),  # an operator stop or a gateway shutdown mid-start
+    (S.READY, S.DRAINING),
+    (S.READY, S.CRASHED),
+    (S.DRAINING, S.STOPPED),
+    (S.CRASHED, S.BACKOFF),
+    (S.CRASHED, S.FAILED),  # the restart budget is spent
+    (S.CRASHED, S.STOPPED),
+    (S.BACKOFF, S.STARTING),
+    (S.BACKOFF, S.STOPPED),
+    (S.FAILED, S.STARTING),  # `clawsup restart`
+    (S.FAILED, S.STOPPED),
+]
+FORBIDDEN = [(old, new) for old in S for new in S if (old, new) not in ALLOWED]
 
 
 @pytest.mark.parametrize(("old", "new"), ALLOWED, ids=[f"{o.value}->{n.value}" for o, n in ALLOWED])
@@ -49,8 +68,9 @@ def test_forbidden_edge(old: SandboxState, new: SandboxState) -> None:
 
 
 def test_every_state_can_be_left_and_stopped_is_reachable() -> None:
-    assert all(EDGES[s] for s in S)
-    assert all(S.STOPPED in EDGES[s] or S.DRAINING in EDGES[s] or s in (S.STOPPED, S.DRAINING) for s in S)
+    leaving = {old for old, _ in ALLOWED}
+    assert leaving == set(S)
+    assert all((s, S.STOPPED) in ALLOWED or (s, S.DRAINING) in ALLOWED or s in (S.STOPPED, S.DRAINING) for s in S)
 
 
 def test_uptime_starts_at_ready_and_ends_when_leaving_it() -> None:
@@ -64,43 +84,48 @@ def test_uptime_starts_at_ready_and_ends_when_leaving_it() -> None:
 
 
 def test_backoff_doubles_until_capped() -> None:
-    policy = RestartPolicy(max_restarts=10, period_s=1000, backoff_initial_s=0.5, backoff_max_s=3)
-    deaths: deque[float] = deque()
+    clock = FakeClock()
+    budget = RestartBudget(policy=RestartPolicy(max_restarts=10, period_s=1000, backoff_initial_s=0.5, backoff_max_s=3), clock=clock)
     delays = []
-    for i in range(6):
-        deaths.append(float(i))
-        delays.append(policy.next_delay(deaths, float(i)))
+    for _ in range(6):
+        delays.append(budget.death())
+        clock.now += 1
     assert delays == [0.5, 1.0, 2.0, 3, 3, 3]
 
 
 def test_too_many_deaths_within_period_fail() -> None:
     clock = FakeClock()
-    lc = Lifecycle(sandbox_id="p-1", policy=RestartPolicy(max_restarts=2, period_s=60), clock=clock)
-    assert lc.record_death(ExitStatus(code=1)) is not None
+    budget = RestartBudget(policy=RestartPolicy(max_restarts=2, period_s=60), clock=clock)
+    assert budget.death() is not None
     clock.now += 1
-    assert lc.record_death(ExitStatus(code=1)) is not None
-    assert lc.restarts_left() == 0
+    assert budget.death() is not None
+    assert budget.left() == 0
     clock.now += 1
-    assert lc.record_death(ExitStatus(signal=9)) is None
-    assert lc.last_exit == ExitStatus(signal=9)
+    assert budget.death() is None
 
 
 def test_deaths_outside_the_period_are_forgotten() -> None:
     clock = FakeClock()
-    lc = Lifecycle(sandbox_id="p-1", policy=RestartPolicy(max_restarts=1, period_s=60, backoff_initial_s=1), clock=clock)
-    assert lc.record_death(ExitStatus(code=1)) == 1
+    budget = RestartBudget(policy=RestartPolicy(max_restarts=1, period_s=60, backoff_initial_s=1), clock=clock)
+    assert budget.death() == 1
     clock.now += 61
     # The first death left the window: this one is again the first, with the first delay.
-    assert lc.record_death(ExitStatus(code=1)) == 1
-    assert lc.restarts_left() == 0
+    assert budget.death() == 1
+    assert budget.left() == 0
 
 
 def test_operator_restart_forgives() -> None:
+    """After `forgive`, a spent budget is whole again and the next death gets the
+    first delay (the driver's part: tests/test_lifecycle_model.py)."""
     clock = FakeClock()
-    lc = Lifecycle(sandbox_id="p-1", policy=RestartPolicy(max_restarts=0), clock=clock)
-    assert lc.record_death(ExitStatus(code=1)) is None
-    lc.forgive()
-    assert lc.restarts_left() == 0 and not lc.deaths
+    budget = RestartBudget(policy=RestartPolicy(max_restarts=1, backoff_initial_s=0.5), clock=clock)
+    assert budget.death() == 0.5
+    clock.now += 1
+    assert budget.death() is None and budget.left() == 0
+    budget.forgive()
+    assert budget.left() == 1
+    clock.now += 1
+    assert budget.death() == 0.5
 
 
 def test_exit_status_sentences() -> None:

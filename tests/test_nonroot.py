@@ -225,9 +225,9 @@ def test_the_installed_package_runs_not_the_checkout(user: User, home: Path) -> 
     assert "start" in r.stdout and "stop" in r.stdout
 
     where = user.run(PYTHON, "-I", "-c", (
-        "import json, importlib.metadata as m, clawsup, sandbox, clawsup.sandbox.host, supervisor, clawsup.supervisor.config as c\n"
+        "import json, importlib.metadata as m, clawsup, clawsup.sandbox, clawsup.sandbox.host, clawsup.supervisor, clawsup.supervisor.config as c\n"
         "d = m.distribution('clawsup')\n"
-        "print(json.dumps({'modules': [clawsup.__file__, sandbox.__file__, clawsup.sandbox.host.__file__, supervisor.__file__],\n"
+        "print(json.dumps({'modules': [clawsup.__file__, clawsup.sandbox.__file__, clawsup.sandbox.host.__file__, clawsup.supervisor.__file__],\n"
         "  'direct_url': json.loads(d.read_text('direct_url.json') or '{}'),\n"
         "  'bundled': str(c.BUNDLED_PLUGINS), 'basics': (c.BUNDLED_PLUGINS / 'basics' / 'clawsup.plugin.json').is_file()}))"
     ), cwd=home)  # fmt: skip

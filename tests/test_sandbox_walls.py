@@ -431,8 +431,15 @@ def test_a_folder_the_supervisor_cannot_read_counts_as_over_the_limit(tmp_path: 
     (ws / "hidden" / "big").write_bytes(b"x" * (4 * 2**20))
     subprocess.run(["chown", "-R", "65534:65534", str(ws)], check=True)
     (ws / "hidden").chmod(0)
+    # The repository's folders as the installed namespace (as scripts/typecheck does):
+    # Debian's Python has clawsup's dependencies but not the editable install's hook.
+    tree = top / "tree" / "clawsup"
+    tree.mkdir(parents=True)
+    (tree / "__init__.py").symlink_to(ROOT / "proto" / "clawsup" / "__init__.py")
+    for name, target in (("v1", ROOT / "proto" / "clawsup" / "v1"), ("supervisor", ROOT / "supervisor"), ("sandbox", ROOT / "sandbox")):
+        (tree / name).symlink_to(target)
     code = (
-        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        f"import sys; sys.path.insert(0, {str(tree.parent)!r})\n"
         "from pathlib import Path\n"
         "from clawsup.supervisor.sandboxes.disk_usage import WorkspaceDisk\n"
         f"print(WorkspaceDisk(Path({str(ws)!r}), 1024 * 1024)._walk(__import__('threading').Event()))\n"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from clawsup.sandbox.launch.process import _others_can_run
+from clawsup.sandbox.launch.run_as import _others_can_run
 from clawsup.supervisor.config import parse_config
 from clawsup.supervisor.errors import ConfigError
 from clawsup.supervisor.names import RESERVED_IDS, RESERVED_PREFIXES

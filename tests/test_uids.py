@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox.uids import SandboxUids, UidAllocator, UidRegistryError
+from clawsup.sandbox.launch.uids import SandboxUids, UidAllocator, UidRegistryError
 from tests.conftest import IN_CI, Gateway, make_config, require_backend, wait_gone
 
 # Far from the default range, so a test never meets a real supervisor's sandboxes.

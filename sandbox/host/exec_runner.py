@@ -19,8 +19,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-
+from clawsup.sandbox.exec_result import ExecResult
 from clawsup.sandbox.output_cap import HeadTail
 
 READ_CHUNK = 64 * 1024
@@ -29,16 +28,6 @@ FINISH_ROUNDS = 20
 DRAIN_AFTER_EXIT_S = 1.0
 """After the command and its group are gone, how long a pipe may stay open (held by
 something that escaped the group) before we stop reading."""
-
-
-@dataclass(slots=True)
-class ExecOutcome:
-    exit_code: int | None = None
-    signal: int | None = None
-    timed_out: bool = False
-    truncated: bool = False
-    duration_s: float = 0.0
-    output_bytes: int = 0
 
 
 def output_cap(cap: int) -> HeadTail:
@@ -126,7 +115,7 @@ class ExecRunner:
 
     async def run(
         self, command: str, *, cwd: str | None, timeout_s: float, cap: int, emit: Callable[[bytes], Awaitable[None]]
-    ) -> ExecOutcome:
+    ) -> ExecResult:
         """`cwd` None: the host's own, which is the workspace."""
         t0 = time.monotonic()
         self._busy += 1
@@ -137,7 +126,7 @@ class ExecRunner:
 
     async def _run(
         self, command: str, *, cwd: str | None, timeout_s: float, cap: int, emit: Callable[[bytes], Awaitable[None]], t0: float
-    ) -> ExecOutcome:
+    ) -> ExecResult:
         # Popen and a pidfd rather than asyncio's subprocess: its wait() returns only
         # once every pipe is closed, and a daemon that escaped the group would hold
         # ours for as long as it lives. (No child-watcher thread, either.)
@@ -159,11 +148,16 @@ class ExecRunner:
         os.set_blocking(pipe, False)
         io = _Output(loop, pipe, output_cap(cap))
         exited: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
-        result = ExecOutcome()
+
+        def on_exit() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, on_exit)
+        timed_out = False
         try:
             if not await io.relay_until(exited, timeout_s, emit):
-                result.timed_out = True
+                timed_out = True
                 _killpg(proc.pid, signal.SIGTERM)
                 await io.relay_until(exited, self.kill_grace_s, emit)
             # The group outlives its leader when something ran in the background;
@@ -194,14 +188,14 @@ class ExecRunner:
         if tail:
             await emit(tail)
         rc = proc.returncode
-        if rc < 0:
-            result.signal = -rc
-        else:
-            result.exit_code = rc
-        result.truncated = io.cap.truncated
-        result.output_bytes = io.cap.total
-        result.duration_s = time.monotonic() - t0
-        return result
+        return ExecResult(
+            exit_code=rc if rc >= 0 else None,
+            signal=-rc if rc < 0 else None,
+            timed_out=timed_out,
+            truncated=io.cap.truncated,
+            duration_s=time.monotonic() - t0,
+            output_bytes=io.cap.total,
+        )
 
     async def _finish_group(self, pgid: int) -> None:
         """Kill what is left of the command: its group, then the orphans reparented

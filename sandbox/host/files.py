@@ -25,7 +25,7 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, overload
 
 from clawsup.sandbox.api import PluginApi, ToolError
 from clawsup.sandbox.protected import normalize
@@ -207,11 +207,11 @@ class Workspace:
     # --- the tools --------------------------------------------------------------
 
     def read(self, args: dict[str, Any]) -> str:
-        path = args.get("path")
         offset = _int(args, "offset", 1, minimum=1)
         limit = _int(args, "limit", None, minimum=1)
-        with self._open(path, os.O_RDONLY) as fd:  # type: ignore[arg-type]
-            self._regular(fd, path)  # type: ignore[arg-type]
+        path = _path(args)
+        with self._open(path, os.O_RDONLY) as fd:
+            self._regular(fd, path)
             out: list[bytes] = []
             size = shown = lineno = 0
             more = ""
@@ -245,11 +245,12 @@ class Workspace:
         return text
 
     def write(self, args: dict[str, Any]) -> str:
-        path, content = args.get("path"), args.get("content")
+        content = args.get("content")
         if not isinstance(content, str):
             raise ToolError("content must be a string")
         data = content.encode()
-        fd, created = self._open_for_write(path)  # type: ignore[arg-type]
+        path = _path(args)
+        fd, created = self._open_for_write(path)
         try:
             os.ftruncate(fd, 0)
             _write_all(fd, data)
@@ -258,13 +259,14 @@ class Workspace:
         return f"{'created' if created else 'wrote'} {path} ({len(data)} bytes)"
 
     def edit(self, args: dict[str, Any]) -> str:
-        path, old, new = args.get("path"), args.get("old_string"), args.get("new_string")
+        old, new = args.get("old_string"), args.get("new_string")
         if not isinstance(old, str) or not old:
             raise ToolError("old_string must be a non-empty string")
         if not isinstance(new, str):
             raise ToolError("new_string must be a string")
-        with self._open(path, os.O_RDWR) as fd:  # type: ignore[arg-type]
-            st = self._regular(fd, path)  # type: ignore[arg-type]
+        path = _path(args)
+        with self._open(path, os.O_RDWR) as fd:
+            st = self._regular(fd, path)
             if st.st_size > MAX_EDIT_BYTES:
                 raise ToolError(f"{path!r} is {st.st_size} bytes; edit handles files up to {MAX_EDIT_BYTES}")
             raw = os.pread(fd, st.st_size + 1, 0)
@@ -287,8 +289,8 @@ class Workspace:
         return f"edited {path}: replaced 1 occurrence"
 
     def list_dir(self, args: dict[str, Any]) -> list[dict[str, Any]] | dict[str, Any]:
-        path = args.get("path", ".")
-        with self._open(path, os.O_RDONLY | os.O_DIRECTORY) as fd:  # type: ignore[arg-type]
+        path = _path(args, default=".")
+        with self._open(path, os.O_RDONLY | os.O_DIRECTORY) as fd:
             entries = []
             with os.scandir(fd) as it:
                 for e in it:
@@ -319,10 +321,23 @@ class Workspace:
             api.register_tool(name=name, description=description, input_schema=schema, handler=handler)
 
 
+def _path(args: dict[str, Any], *, default: str | None = None) -> str:
+    path = args.get("path", default)
+    if not isinstance(path, str) or not path:
+        raise ToolError("path must be a non-empty string")
+    return path
+
+
+@overload
+def _int(args: dict[str, Any], key: str, default: int, *, minimum: int) -> int: ...
+@overload
+def _int(args: dict[str, Any], key: str, default: None, *, minimum: int) -> int | None: ...
 def _int(args: dict[str, Any], key: str, default: int | None, *, minimum: int) -> int | None:
-    v = args.get(key, default)
+    """`args[key]`, an integer of at least `minimum`; `default` when it is missing
+    or null (the core tools' schemas allow null for "not given")."""
+    v = args.get(key)
     if v is None:
-        return None
+        return default
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
         raise ToolError(f"{key} must be an integer >= {minimum}")
     return v

@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from collections.abc import AsyncIterator
 from typing import Any
+
+import grpc
 
 from clawsup.v1 import host_pb2 as pb
 
@@ -58,7 +61,7 @@ class SupervisorLink:
         except asyncio.QueueFull:
             self.dropped += 1
 
-    async def serve(self, request_iterator: Any, context: Any) -> None:
+    async def serve(self, request_iterator: AsyncIterator[pb.SupervisorMessage], context: grpc.aio.ServicerContext) -> None:
         """Runs as the body of the `Connect` RPC, for as long as the supervisor keeps
         the stream open. A writer task drains the outbox; this coroutine reads replies."""
 

@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import traceback
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
@@ -29,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from clawsup.v1 import host_pb2 as pb
 from clawsup.v1 import host_pb2_grpc as pb_grpc
 from clawsup.sandbox.api import PluginApi, SupervisorRefused, Tool, ToolError
+from clawsup.sandbox.exec_result import ExecResult
 from clawsup.sandbox.handshake import (
     HOST_TOKEN_METADATA_KEY,
     LOAD_ERROR_EXIT,
@@ -66,7 +68,7 @@ async def _require_token(context: grpc.aio.ServicerContext, token: str) -> None:
 UNAUTHENTICATED = "missing or wrong clawsup token"
 
 
-class _GuardedHealth(health.aio.HealthServicer):
+class _GuardedHealth(health.aio.HealthServicer):  # type: ignore[misc]  # grpc_health has no types
     """The standard health service, refusing callers without the token: only the
     supervisor has any business on this socket."""
 
@@ -85,29 +87,29 @@ class _GuardedHealth(health.aio.HealthServicer):
 
 
 class HostServicer(pb_grpc.HostServicer):
+    """The child's side of host.proto. Created by `serve` from the start gate (role,
+    version, both tokens) and what it loaded; lives as long as the child's server."""
+
     def __init__(
         self,
         *,
+        gate: GatePayload,
         api: PluginApi,
-        plugin_version: str,
         link: SupervisorLink,
         health_servicer: health.aio.HealthServicer,
-        supervisor_token: str,
-        host_token: str,
         stop: asyncio.Event,
         runner: ExecRunner | None = None,
         workspace: Workspace | None = None,
-        role: str = "plugin",
     ) -> None:
-        self._role = role
+        self._role = gate.role
         self._runner = runner
         self._workspace = workspace
-        self._token = supervisor_token
+        self._token = gate.supervisor_token
         self._api = api
-        self._version = plugin_version
+        self._version = gate.plugin_version
         self._link = link
         self._health = health_servicer
-        self._host_md = ((HOST_TOKEN_METADATA_KEY, host_token),)
+        self._host_md = ((HOST_TOKEN_METADATA_KEY, gate.host_token),)
         self._stop = stop
         self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="tool")
         # Sync handlers that outlived their timeout. Threads cannot be interrupted, so
@@ -147,7 +149,7 @@ class HostServicer(pb_grpc.HostServicer):
             if tool.is_async:
                 # No timer of our own: at the deadline gRPC cancels this task, and
                 # the supervisor reports the timeout.
-                value = await tool.handler(args)  # type: ignore[misc]
+                value = await tool.handler(args)
             else:
                 value = await self._run_sync(tool, args, timeout, request.call_id)
         except TimeoutError:
@@ -221,23 +223,12 @@ class HostServicer(pb_grpc.HostServicer):
                 emit=lambda data: context.write(event(output=data)),
             )
         except (ToolError, OSError) as e:
-            await context.write(event(result=pb.ExecResult(error=str(e))))
+            await context.write(event(result=_exec_message(ExecResult(error=str(e)))))
             return
         except asyncio.CancelledError:
             say(f"exec call {request.call_id} cancelled by the supervisor; its processes were killed")
             raise
-        await context.write(
-            event(
-                result=pb.ExecResult(
-                    exit_code=outcome.exit_code,
-                    signal=outcome.signal,
-                    timed_out=outcome.timed_out,
-                    truncated=outcome.truncated,
-                    duration_s=outcome.duration_s,
-                    output_bytes=outcome.output_bytes,
-                )
-            )
-        )
+        await context.write(event(result=_exec_message(outcome)))
 
     async def RunAgent(self, request: pb.RunAgentRequest, context: grpc.aio.ServicerContext) -> pb.RunAgentResponse:
         await _require_token(context, self._token)
@@ -260,7 +251,7 @@ class HostServicer(pb_grpc.HostServicer):
         self._stop.set()
         return pb.ShutdownResponse()
 
-    async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+    async def Connect(self, request_iterator: AsyncIterator[pb.SupervisorMessage], context: grpc.aio.ServicerContext) -> None:
         await _require_token(context, self._token)
         await context.send_initial_metadata(self._host_md)
         # The stream ends when the supervisor closes it or when we are told to stop;
@@ -273,8 +264,17 @@ class HostServicer(pb_grpc.HostServicer):
             stopping.cancel()
 
 
-def _failure(kind: int, message: str, tb: str = "") -> pb.InvokeToolResponse:
+def _failure(kind: pb.ToolFailure.Kind, message: str, tb: str = "") -> pb.InvokeToolResponse:
     return pb.InvokeToolResponse(error=pb.ToolFailure(kind=kind, message=message, traceback=tb))
+
+
+def _exec_message(r: ExecResult) -> pb.ExecResult:
+    """The one way an exec result goes on the wire (read back by
+    supervisor/sandboxes/host_client.py `_exec_result`)."""
+    return pb.ExecResult(
+        exit_code=r.exit_code, signal=r.signal, timed_out=r.timed_out, truncated=r.truncated,
+        duration_s=r.duration_s, output_bytes=r.output_bytes, error=r.error,
+    )  # fmt: skip
 
 
 async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
@@ -302,19 +302,8 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
     stop = asyncio.Event()
     health_servicer = _GuardedHealth(gate.supervisor_token)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_HostServicer_to_server(
-        HostServicer(
-            api=api,
-            plugin_version=gate.plugin_version,
-            link=link,
-            health_servicer=health_servicer,
-            supervisor_token=gate.supervisor_token,
-            host_token=gate.host_token,
-            stop=stop,
-            runner=runner,
-            workspace=workspace,
-            role=gate.role,
-        ),
+    pb_grpc.add_HostServicer_to_server(  # type: ignore[no-untyped-call]  # generated without stubs
+        HostServicer(gate=gate, api=api, link=link, health_servicer=health_servicer, stop=stop, runner=runner, workspace=workspace),
         server,
     )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -50,12 +50,13 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 
 from clawsup.sandbox.launch.cgroup import Cgroup, CgroupRoot
 from clawsup.sandbox import protected
-from clawsup.sandbox.launch.launcher import ExitStatus, LaunchSpec
+from clawsup.sandbox.launch.launcher import Backend, ExitStatus, LaunchSpec
 from clawsup.sandbox.launch.process import ProcessChild, ProcessLauncher, Warden, descendants
 
 WORKSPACE = "/workspace"
@@ -139,7 +140,7 @@ class BwrapChild(ProcessChild):
 
 
 class BwrapLauncher(ProcessLauncher):
-    name = "bwrap"
+    name: ClassVar[Backend] = "bwrap"
     _child_class = BwrapChild
     _attach_after_spawn = False
 

@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import docker
 import requests
@@ -54,7 +54,7 @@ import docker.types
 from loguru import logger
 
 from clawsup.sandbox.launch.image import image_tag
-from clawsup.sandbox.launch.launcher import Child, ChildUser, ExitStatus, LaunchSpec, cleanup_in_thread, in_thread, outlast
+from clawsup.sandbox.launch.launcher import Backend, Child, ChildUser, ExitStatus, LaunchSpec, cleanup_in_thread, in_thread, outlast
 from clawsup.sandbox.protected import docker_volumes
 from clawsup.sandbox.launch.process import Warden, _give, chown_dir
 
@@ -379,7 +379,7 @@ class DockerLauncher:
     constructor asks the engine (the client's version, the stale sweep), so the
     caller runs it in a worker thread. `aclose()` once its children are closed."""
 
-    name = "docker"
+    name: ClassVar[Backend] = "docker"
 
     def __init__(self, state_dir: Path, warden: Warden | None = None) -> None:
         """`warden`: the supervisor's, shared with its other launchers (its owner closes

@@ -24,12 +24,18 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from clawsup.sandbox.handshake import GatePayload
 
 T = TypeVar("T")
 MiB = 1024 * 1024
+
+Backend = Literal["process", "bwrap", "docker"]
+"""A launch backend, by name: one launcher each (`clawsup.sandbox.launch.backends`)."""
+BackendChoice = Literal["auto", "process", "bwrap", "docker"]
+"""What the operator may write for a backend: one of them, or `auto` (the first
+isolating one that works here, `backends.first_isolating`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +182,8 @@ class Child(Protocol):
 
 
 class Launcher(Protocol):
-    name: str
+    @property
+    def name(self) -> Backend: ...
 
     async def launch(self, spec: LaunchSpec) -> Child:
         """Start one child. Never blocks the loop; if cancelled midway, kills and

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import pwd
 import resource
 import signal
 import stat
@@ -21,6 +20,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Awaitable, Callable
+from typing import ClassVar
 from pathlib import Path
 
 import psutil
@@ -29,7 +29,7 @@ from loguru import logger
 from clawsup.sandbox.launch import leftovers
 from clawsup.sandbox.launch import warden as _warden_module
 from clawsup.sandbox.launch.cgroup import Cgroup, CgroupRoot
-from clawsup.sandbox.launch.launcher import Child, ChildUser, ExitStatus, LaunchSpec, MiB, Pacer, cleanup_in_thread, in_thread, outlast
+from clawsup.sandbox.launch.launcher import Backend, Child, ChildUser, ExitStatus, LaunchSpec, MiB, Pacer, cleanup_in_thread, in_thread, outlast
 from clawsup.sandbox.protected import Mounts
 
 # Address space beyond the memory limit: an idle grpc.aio child maps several hundred
@@ -338,106 +338,11 @@ class Warden:
         await cleanup_in_thread(self.close)
 
 
-def named_user(setting: str) -> ChildUser:
-    """`sandbox.runAs` as a user name or uid. Raises KeyError when there is none."""
-    pw = pwd.getpwuid(int(setting)) if setting.isdigit() else pwd.getpwnam(setting)
-    return ChildUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
-
-
-def child_users_for(
-    setting: str,
-    sandbox_ids: list[str],
-    plugin_dirs: list[Path],
-    reach: list[Path] | None = None,
-    *,
-    own_uids: Callable[[list[str]], dict[str, ChildUser]] | None = None,
-) -> tuple[dict[str, ChildUser], str]:
-    """Decide who each sandbox's children run as, from `sandbox.runAs`.
-
-    `supervisor`: as the supervisor. A user name or uid: all as that user, or an
-    error. `auto` (the default): when the supervisor is root, each sandbox as its
-    own unprivileged uid (from `own_uids`, the gateway's `clawsup.sandbox.launch.uids.SandboxUids`),
-    provided such a uid can run the host runtime and read the plugins; else as the
-    supervisor.
-
-    Returns (sandbox id -> user; empty for "as the supervisor", and a sentence for
-    the operator when it is not what was asked or hoped for; empty otherwise).
-    """
-    if setting == "supervisor":
-        return {}, ""
-    if os.geteuid() != 0:
-        if setting == "auto":
-            return {}, ""
-        return {}, f"sandbox.runAs {setting!r} needs the supervisor to run as root"
-    if setting == "auto":
-        if own_uids is None:
-            raise TypeError("child_users_for: a root supervisor's sandbox.runAs 'auto' needs own_uids")
-        users = own_uids(sandbox_ids)
-        who = "their own unprivileged uids"
-    else:
-        try:
-            one = named_user(setting)
-        except (KeyError, ValueError):
-            return {}, f"sandbox.runAs: no user {setting!r} on this machine"
-        users = {sid: one for sid in sandbox_ids}
-        who = f"{one.name!r} (uid {one.uid})"
-    if not users:
-        return {}, ""
-    problem = _probe_user(next(iter(users.values())), plugin_dirs, reach or [])
-    if problem:
-        return {}, f"children cannot run as {who}: {problem}"
-    return users, ""
-
-
-def _others_can_run(exe: Path) -> bool:
-    """Whether a user who is neither owner nor in the group can reach and execute
-    `exe`: o+x on every directory on the way, and on the file."""
-    try:
-        real = exe.resolve()
-        for d in real.parents:
-            if not os.stat(d).st_mode & stat.S_IXOTH:
-                return False
-        return bool(os.stat(real).st_mode & stat.S_IXOTH)
-    except OSError:
-        return False
-
-
-def _probe_user(user: ChildUser, plugin_dirs: list[Path], reach: list[Path]) -> str:
-    """Run the host runtime's imports as `user`, list each plugin folder and reach
-    (stat) each of `reach`: what a child will need. Empty when it works, else what
-    failed. About 0.1 s, once per start."""
-    # It drops privileges with the host's own code, as a host does, so that Popen can
-    # vfork (see sandbox/host/__main__.py). It has to start as root to drop, so the
-    # interpreter's reachability by other users is checked from the permission bits.
-    if not _others_can_run(Path(sys.executable)):
-        return f"Permission denied: {sys.executable}"
-    code = (
-        "import sys, os\n"
-        "from clawsup.sandbox.host.__main__ import _drop_privileges\n"
-        f"_drop_privileges({user.uid}, {user.gid})\n"
-        "import clawsup.sandbox.host.server\n"
-        "n = int(sys.argv[1])\n"
-        "for p in sys.argv[2:2 + n]: os.listdir(p)\n"
-        "for p in sys.argv[2 + n:]: os.stat(p)"
-    )
-    try:
-        r = subprocess.run(
-            [sys.executable, "-I", "-c", code, str(len(plugin_dirs)), *map(str, plugin_dirs), *map(str, reach)],
-            cwd="/", env={"PATH": os.environ.get("PATH", "")},
-            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError) as e:
-        return str(e)
-    if r.returncode != 0:
-        return (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
-    return ""
-
-
 class ProcessLauncher:
     """Starts process-backend children. Created by the gateway (or `clawsup exec
     run`), one per backend; `aclose()` once its children are closed."""
 
-    name = "process"
+    name: ClassVar[Backend] = "process"
 
     def __init__(self, cgroups: CgroupRoot | None, warden: Warden | None = None) -> None:
         """`warden`: one shared by several launchers of a supervisor (its owner

@@ -342,10 +342,10 @@ def _read(folder: int, path: Path) -> _Record:
         rec = _Record(cursor=doc["cursor"])
         if rec.cursor is not None and type(rec.cursor) is not int:
             raise ValueError("the cursor is not a number")
-        for e in doc["holders"]:
-            key, uid, asker = (e["state"], e["id"]), e["uid"], e.get("asker")
+        for entry in doc["holders"]:
+            key, uid, asker = (entry["state"], entry["id"]), entry["uid"], entry.get("asker")
             if not (isinstance(key[0], str) and isinstance(key[1], str) and type(uid) is int):
-                raise ValueError(f"entry {e!r} is not a state directory, a sandbox id and a uid")
+                raise ValueError(f"entry {entry!r} is not a state directory, a sandbox id and a uid")
             if key in rec.holders:
                 raise ValueError(f"sandbox {key[1]!r} of {key[0]} is recorded twice")
             rec.holders[key] = uid

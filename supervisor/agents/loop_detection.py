@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from clawsup.supervisor.config import LoopDetectionConfig
 
 WARNING = "You are repeating the same tool call with the same result. Change approach or answer with what you have."
 STOPPED = "the same tool call kept repeating (loop detection)"
+
+Verdict = Literal["stop", "warn", ""]
 
 
 @dataclass
@@ -27,7 +29,7 @@ class LoopWatch:
         if name == "read" and isinstance(args.get("path"), str):
             self.reads[args["path"]] += 1
 
-    def verdict(self) -> str:
+    def verdict(self) -> Verdict:
         """`stop`, `warn` (the first time only), or empty."""
         d = self.settings
         if not d.enabled:

@@ -170,10 +170,12 @@ def decide(config_tools: Mapping[str, Any], agent_tools: Mapping[str, Any] | Non
 
 
 def _get(d: Mapping[str, Any], *keys: str, default: Any) -> Any:
+    """`d[k1][k2]...`, keys matched without case; `default` where the path ends."""
+    cur: object = d
     for k in keys:
-        if not isinstance(d, Mapping):
+        if not isinstance(cur, Mapping):
             return default
-        d = {str(kk).lower(): v for kk, v in d.items()}.get(k.lower(), None)  # type: ignore[assignment]
-        if d is None:
+        cur = {str(kk).lower(): v for kk, v in cur.items()}.get(k.lower(), None)
+        if cur is None:
             return default
-    return d
+    return cur

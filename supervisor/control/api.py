@@ -31,6 +31,7 @@ from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
 from clawsup.supervisor.messages.channels.cli import CliChannel
 from clawsup.supervisor.sandboxes.manager import SandboxManager
+from clawsup.supervisor.tools.dispatch import ToolDispatcher
 from clawsup.supervisor.messages.routing import Route
 from clawsup.supervisor.sandboxes.log import Follower, read_tail, tail_lines
 from clawsup.supervisor.agents.subagents import Subagents
@@ -161,6 +162,7 @@ class ControlServer:
         self,
         path: Path,
         manager: SandboxManager,
+        tools: ToolDispatcher,
         on_stop: Callable[[], None],
         chat: CliChannel | None = None,
         subagents: Subagents | None = None,
@@ -169,6 +171,7 @@ class ControlServer:
         self._subagents = subagents
         self._path = path
         self._manager = manager
+        self._tools = tools
         self._on_stop = on_stop
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -250,7 +253,7 @@ class ControlServer:
                 async def out(data: bytes) -> None:
                     await _send(writer, {"output": data.decode("utf-8", errors="replace")})
 
-                work = asyncio.ensure_future(m.invoke(name, args, timeout, agent=agent, session=session, on_output=out if stream else None))
+                work = asyncio.ensure_future(self._tools.invoke(name, args, timeout, agent=agent, session=session, on_output=out if stream else None))
                 # A caller that hangs up (Ctrl-C on `clawsup tools call`) cancels the
                 # call, down to the command running in its sandbox.
                 hangup = asyncio.ensure_future(reader.read(1))
@@ -386,7 +389,7 @@ class ControlClient:
             line = f.readline()
             if not line:
                 raise ConnectionError("the supervisor closed the connection without answering")
-            return json.loads(line)
+            return _answer(line)
 
     def stream(self, req: dict[str, Any], timeout: float | None = None) -> Iterator[dict[str, Any]]:
         """Send one request and yield every message the supervisor sends back.
@@ -396,7 +399,7 @@ class ControlClient:
         with s:
             s.sendall(json.dumps(req).encode() + b"\n")
             for line in s.makefile("rb"):
-                yield json.loads(line)
+                yield _answer(line)
 
     def stop(self) -> None:
         """Ask the supervisor to stop, and return once it has (it closes on exit)."""
@@ -411,3 +414,11 @@ class ControlClient:
 class SupervisorNotRunning(Exception):
     def __init__(self, path: Path) -> None:
         super().__init__(f"no supervisor is running for this state directory (no answer on {path}); start one with `clawsup start`")
+
+
+def _answer(line: bytes) -> dict[str, Any]:
+    """One of the supervisor's answers: a JSON object (arbitrary JSON inside)."""
+    answer = json.loads(line)
+    if not isinstance(answer, dict):
+        raise ConnectionError(f"the supervisor answered with something other than a JSON object: {line[:80]!r}")
+    return answer

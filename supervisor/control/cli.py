@@ -13,7 +13,7 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -27,6 +27,12 @@ from clawsup.supervisor.sandboxes.lifecycle import SandboxState, Transition
 from clawsup.supervisor.paths import StatePaths, resolve_state_dir
 from clawsup.supervisor.printable import printable, printable_lines
 from clawsup.supervisor.sandboxes.log import tail_lines
+
+if TYPE_CHECKING:
+    # Imported where used: `clawsup status` and the like stay quick to start.
+    from clawsup.supervisor.config import ClawsupConfig
+    from clawsup.supervisor.sandboxes.manager import SandboxManager
+    from clawsup.supervisor.tools.dispatch import ToolDispatcher
 
 app = typer.Typer(help="clawsup: a gateway for personal AI agents where nothing untrusted runs inside the gateway.", no_args_is_help=True, add_completion=False)
 tools_app = typer.Typer(help="List and call the tools the sandboxes registered.", no_args_is_help=True)
@@ -45,6 +51,22 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 RUN_STYLE = {"running": "yellow", "succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim"}
 STATE_STYLE = {"ready": "green", "starting": "yellow", "draining": "yellow", "backoff": "magenta", "crashed": "red", "failed": "bold red", "stopped": "dim"}
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from importlib.metadata import version
+
+        print(f"clawsup {version('clawsup')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the installed version and exit.")] = False,
+) -> None:
+    # No docstring: the app's help stays the one given to typer.Typer above.
+    pass
 
 
 def _paths(state_dir: Path | None) -> StatePaths:
@@ -96,7 +118,7 @@ def start(
         style = STATE_STYLE.get(t.new.value, "")
         out.print(f"  [bold]{t.sandbox_id}[/bold] {t.old.value} → [{style}]{t.new.value}[/{style}]" + (f"  [dim]{escape(printable(t.why))}[/dim]" if t.why else ""), highlight=False)
 
-    async def on_ready(manager: Any) -> None:
+    async def on_ready(manager: SandboxManager, tools: ToolDispatcher) -> None:
         _print_status(await manager.status())
         _print_warnings(manager.warnings)
         out.print(f"[dim]control socket {paths.control_socket}; `clawsup status`, `clawsup logs <sandbox> -f`, Ctrl-C to stop[/dim]")
@@ -393,7 +415,7 @@ def stop(state_dir: StateDir = None) -> None:
 
 
 
-def _load(config: Path | None) -> tuple[Any, str]:
+def _load(config: Path | None) -> tuple[ClawsupConfig, str]:
     from clawsup.supervisor.config import DEFAULT_CONFIG, load_config
 
     path = config or DEFAULT_CONFIG
@@ -409,7 +431,7 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="clawsup.jso
 @exec_app.command("check")
 def exec_check(command: str, config: ConfigOpt = None, as_json: JsonFlag = False) -> None:
     """Screen COMMAND with the exec deny/allow lists; exit 0 if allowed, 1 if not."""
-    from clawsup.supervisor.tools.workspaces import screen_from_config
+    from clawsup.supervisor.tools.workspace_settings import screen_from_config
 
     cfg, _ = _load(config)
     v = screen_from_config(cfg).check(command)
@@ -604,8 +626,8 @@ def tools_explain(
 
     from clawsup.supervisor.sandboxes.plans import build_plans
     from clawsup.supervisor.agents.tool_policy import Caller, decide
-    from clawsup.supervisor.agents.subagents import SPAWN_TOOLS, WITHHELD
-    from clawsup.supervisor.tools.workspaces import CORE_TOOLS
+    from clawsup.supervisor.agents.spawn_tools import SPAWN_TOOLS, WITHHELD
+    from clawsup.supervisor.tools.core import CORE_TOOLS
 
     logger.remove()
     cfg, source = _load(config)

@@ -1,5 +1,11 @@
-"""The gateway process: config in, supervisor running, until SIGINT/SIGTERM or
-`clawsup stop`.
+"""The gateway process, and its composition root: config in, supervisor running, until
+SIGINT/SIGTERM or `clawsup stop`.
+
+`run_gateway` reads the config, judges it against the machine, then builds every
+object in dependency order (launchers, sandbox manager, workspaces and the tool
+dispatcher, the messaging side, models, subagent runs, the agent loop, the control
+API), each given what it needs when it is made. Who children run as is decided in
+sandbox/launch/run_as.py.
 
 Created by `clawsup start`; one per state directory (an flock on the pidfile keeps a
 second one out).
@@ -21,8 +27,9 @@ from loguru import logger
 
 from clawsup.sandbox.launch.cgroup import CgroupRoot
 from clawsup.sandbox.launch.backends import backend_problem, make_launcher
-from clawsup.sandbox.launch.launcher import ChildUser, Launcher
-from clawsup.sandbox.launch.process import Warden, child_users_for, named_user
+from clawsup.sandbox.launch.launcher import Launcher
+from clawsup.sandbox.launch.process import Warden
+from clawsup.sandbox.launch.run_as import RunAs, RunAsPolicy, choose_child_users
 from clawsup.sandbox.launch.uids import SandboxUids, UidAllocator
 from clawsup.supervisor.config import DEFAULT_CONFIG, ClawsupConfig, ignored_keys, load_config
 from clawsup.supervisor.control.api import ControlServer
@@ -31,15 +38,20 @@ from clawsup.supervisor.sandboxes.lifecycle import Transition
 from clawsup.supervisor.control.loop_watch import watch_loop_from_env
 from clawsup.supervisor.agents.loop import AgentLoop
 from clawsup.supervisor.sandboxes.manager import SandboxManager
-from clawsup.supervisor.messages.assembly import Messaging
+from clawsup.supervisor.messages.assembly import Messaging, channels_from_config, message_bus, session_store
 from clawsup.supervisor.paths import StatePaths
-from clawsup.supervisor.sandboxes.plans import SandboxPlan, build_plans
+from clawsup.supervisor.sandboxes.plans import build_plans, workspace_plan
 from clawsup.supervisor.printable import clean_log_record
 from clawsup.supervisor.sandboxes.registry import Registry
 from clawsup.supervisor.agents.run_journal import RunJournal
-from clawsup.supervisor.agents.subagents import SPAWN_TOOLS, Subagents, register_spawn_tools, run_backends
+from clawsup.supervisor.agents.models import Models
+from clawsup.supervisor.agents.spawn_tools import SPAWN_TOOLS, register_spawn_tools
+from clawsup.supervisor.agents.subagents import build_subagents, run_backends
 from clawsup.supervisor.sandboxes.supervised import Timing
-from clawsup.supervisor.tools.workspaces import CORE_TOOLS, Workspaces, register_core_tools, settings_from_config
+from clawsup.supervisor.tools.core import CORE_TOOLS, register_core_tools
+from clawsup.supervisor.tools.dispatch import ToolDispatcher
+from clawsup.supervisor.tools.workspace_settings import settings_from_config
+from clawsup.supervisor.tools.workspaces import Workspaces
 
 START_TIMEOUT_S = 60.0
 
@@ -54,7 +66,7 @@ class GatewayOptions:
     state_dir: Path
     extra_plugins: list[Path] = field(default_factory=list)
     on_transition: Callable[[Transition], None] | None = None
-    on_ready: Callable[[SandboxManager], Awaitable[None]] | None = None
+    on_ready: Callable[[SandboxManager, ToolDispatcher], Awaitable[None]] | None = None
 
 
 def setup_logging(paths: StatePaths, *, console: bool = True, transitions_shown: bool = True) -> None:
@@ -87,35 +99,6 @@ def _lock_pidfile(paths: StatePaths) -> int:
     return fd
 
 
-def _choose_child_users(run_as: str, paths: StatePaths, plans: list[SandboxPlan], source: str, uids: SandboxUids) -> tuple[dict[str, ChildUser], Path]:
-    """Who each sandbox's children run as (see `child_users_for`) and where their
-    sockets go. The probe runs as such a user against the very paths a child needs."""
-    ids = [p.sandbox_id for p in plans]
-    if os.geteuid() != 0 or run_as == "supervisor":
-        users, why = child_users_for(run_as, ids, [])
-        if why:
-            raise ConfigError(source, [why])
-        return {}, paths.host_sockets()
-    paths.open_path_for_children()
-    sockets = paths.host_sockets(other_uid=True)
-    users, why = child_users_for(run_as, ids, sorted({p.plugin_dir for p in plans if p.plugin_dir is not None}), reach=[paths.sandboxes, sockets], own_uids=uids.users)
-    if why:
-        # Never a silent step down to root: a failed drop is a refusal.
-        raise ConfigError(source, [
-            f"sandbox.runAs: {why}. clawsup does not run them as root instead ({', '.join(ids)}). Install Python, clawsup "
-            "and the plugins where other users can read them (not under a 0700 home), or use the bwrap backend (it binds "
-            "them in), or set sandbox.runAs: \"supervisor\" to run this trusted code as root on purpose (untrusted code "
-            "never runs as root)"
-        ])  # fmt: skip
-    if not users:
-        for d in (paths.root, paths.sandboxes):
-            os.chmod(d, 0o700)
-        return {}, paths.host_sockets()
-    names = ", ".join(f"{sid} as {u.name}" for sid, u in users.items())
-    logger.info("sandbox children drop root: {}", names)
-    return users, sockets
-
-
 @contextlib.asynccontextmanager
 async def _plain_errors() -> AsyncIterator[None]:
     """A ClawsupError from one of the gateway's tasks (a channel that cannot listen,
@@ -137,36 +120,6 @@ async def _stop_idle_workspaces(workspaces: Workspaces, run: asyncio.Task[None])
     fails or overruns is logged there, never raised into the gateway's group."""
     run.add_done_callback(lambda _: workspaces.close())
     await workspaces.discard_idle()
-
-
-def _user_policy(run_as: str, process_users: dict[str, ChildUser], uids: SandboxUids) -> Callable[[SandboxPlan], ChildUser | None]:
-    """Process-backend plugins run as `_choose_child_users` found workable. Under
-    bwrap the runtime is bound into the sandbox with open parents, so a root
-    supervisor's `auto` always gives such a sandbox its own uid (also the workspace
-    sandboxes created later, one per agent or session). A root supervisor never runs
-    a container as root, so docker gets its own uid under `supervisor` too; and
-    `supervisor` is for trusted code: untrusted plugins, workspaces and subagent runs
-    still get their own uid (as uid 0, even without capabilities, a child owns every
-    root file it can see and can leave setuid-root binaries behind)."""
-
-    def user_for(plan: SandboxPlan) -> ChildUser | None:
-        if plan.backend in ("bwrap", "docker"):
-            if os.geteuid() != 0 or (run_as == "supervisor" and plan.backend == "bwrap" and plan.trusted):
-                return None
-            if run_as in ("auto", "supervisor"):
-                return uids.user(plan.sandbox_id)
-            return named_user(run_as)
-        if plan.sandbox_id in process_users:
-            return process_users[plan.sandbox_id]
-        if plan.role in ("workspace", "subagent") and process_users and run_as == "auto":
-            # Own uids work here (the probe said so): one for each workspace sandbox
-            # and subagent run.
-            return uids.user(plan.sandbox_id)
-        if plan.role in ("workspace", "subagent") and process_users:
-            return next(iter(process_users.values()))
-        return None
-
-    return user_for
 
 
 def _core_registry() -> Registry:
@@ -215,11 +168,12 @@ async def run_gateway(opts: GatewayOptions) -> int:
         run_backend = await asyncio.to_thread(run_backends, cfg, source=str(cfg_path))
         if workspace.backend == "process" or "process" in run_backend.values():
             # Probe for the workspace sandboxes (and runs) too, even if no plugin runs on process.
-            process_plans.append(Workspaces(None, workspace).plan_for("workspace"))
+            process_plans.append(workspace_plan(workspace, "workspace"))
         uids = SandboxUids(UidAllocator(Path(s.uids.registry), s.uids.first, s.uids.count), paths.root)
-        if os.geteuid() == 0 and s.run_as == "auto":
-            await asyncio.to_thread(uids.users, [p.sandbox_id for p in plans])  # one visit to the machine's record for all of them
-        users, sockets = await asyncio.to_thread(_choose_child_users, s.run_as, paths, process_plans, str(cfg_path), uids)
+        run_as = RunAs.of(s.run_as)
+        users, sockets = await asyncio.to_thread(
+            choose_child_users, run_as, paths, plans=plans, process_plans=process_plans, source=str(cfg_path), uids=uids
+        )
         needed = {"process", workspace.backend, *run_backend.values(), *(p.backend for p in plans)}
         for name in sorted(needed):
             if problem := await asyncio.to_thread(backend_problem, name):
@@ -243,10 +197,11 @@ async def run_gateway(opts: GatewayOptions) -> int:
             ),
             env_allowlist=s.env_allowlist,
             sockets=sockets,
-            user_for=_user_policy(s.run_as, users, uids),
+            user_for=RunAsPolicy(run_as, users, uids).user_for,
             release_user=uids.release,
         )
-        manager.workspaces = workspaces = Workspaces(manager, workspace)
+        workspaces = Workspaces(manager, workspace)
+        tools = ToolDispatcher(manager, workspaces)
         if workspace.unisolated:
             manager.warnings.append(
                 f"the agent's commands are NOT isolated: its workspace sandboxes run on the process backend ({workspace.unisolated}); "
@@ -267,22 +222,24 @@ async def run_gateway(opts: GatewayOptions) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        messaging = Messaging.from_config(
-            cfg, paths, source=str(cfg_path), agent=lambda store: AgentLoop(cfg, manager=manager, store=store, source=str(cfg_path))
-        )
-        agent_loop = messaging.dispatcher.agent
-        assert isinstance(agent_loop, AgentLoop)
-        agent_loop.subagents = subagents = Subagents(
+        bus = message_bus(cfg)
+        store = session_store(cfg, paths)
+        channels = channels_from_config(cfg, bus, paths, source=str(cfg_path))
+        models = Models(cfg, source=str(cfg_path))
+        subagents = build_subagents(
             cfg,
-            manager=manager,
-            store=messaging.store,
-            bus=messaging.bus,
-            provider=agent_loop.provider,
-            model_of=agent_loop.model_of,
+            models=models,
+            sandboxes=manager,
+            workspaces=workspaces,
+            tools=tools,
+            store=store,
+            sessions=bus.inbound,
             backends=run_backend,
             journal=RunJournal(paths.root / "runs.jsonl"),
         )
-        control = ControlServer(paths.control_socket, manager, stop.set, chat=messaging.cli, subagents=subagents)
+        agent_loop = AgentLoop(cfg, models=models, tools=tools, spawn=subagents, store=store)
+        messaging = Messaging(cfg, bus=bus, store=store, channels=channels, agent=agent_loop)
+        control = ControlServer(paths.control_socket, manager, tools, stop.set, chat=messaging.cli, subagents=subagents)
         await control.start()
         logger.info("clawsup supervisor pid {} on {} ({} plugin(s))", os.getpid(), paths.root, len(plans))
         ready = asyncio.Event()
@@ -300,7 +257,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 await ready.wait()
                 await channels_up.wait()
                 if opts.on_ready is not None:
-                    await opts.on_ready(manager)
+                    await opts.on_ready(manager, tools)
         finally:
             await control.close()
             await messaging.aclose()

@@ -3,7 +3,7 @@ its environment, `clawsup start` runs the loop in asyncio's debug mode with
 `slow_callback_duration` 50 ms, and writes each of asyncio's reports to
 supervisor.log as one WARNING line, with what the loop thread did meanwhile:
 
-    asyncio: Executing <Task ... coro=<...() running at /…/supervisor/gateway.py:298>> took 0.070 seconds
+    asyncio: Executing <Task ... coro=<...() running at /…/supervisor/control/gateway.py:298>> took 0.070 seconds
     [blocking call, held the loop: own 0.065 s = cpu 0.002 + off cpu 0.064 (asleep in hrtimer_nanosleep);
     garbage collector 0.000 s; asyncio debug mode 0.000 s; waiting for a CPU 0.004 s] at sandbox/launch/process.py:289 in close
     < supervisor/control/gateway.py:298 in run_gateway | loop_watch {json}
@@ -68,6 +68,9 @@ from clawsup.supervisor.errors import ClawsupError
 ENV = "CLAWSUP_LOOP_DEBUG_MS"
 MAX_MS = 10_000
 MAX_SAMPLES = 20
+ROOT = Path(clawsup.supervisor.__file__).resolve().parent.parent
+"""The folder that holds supervisor/ and sandbox/ (the checkout, or the installed
+`clawsup` package): frames are shown relative to it."""
 OURS = tuple(str(Path(p).resolve().parent) + os.sep for p in (clawsup.supervisor.__file__, clawsup.sandbox.__file__))
 
 
@@ -190,7 +193,7 @@ def where(samples: list[Sample]) -> list[tuple[str, int, str]]:
         ours = tuple(f for f in s.stack if f[0].startswith(OURS) and f[0] != __file__)
         if ours:
             counts[ours] = counts.get(ours, 0) + 1
-    return list(max(counts, key=lambda k: counts[k])) if counts else []
+    return list(max(counts.items(), key=lambda kv: kv[1])[0]) if counts else []
 
 
 def callback_source(handle: asyncio.Handle) -> tuple[str, int, str] | None:
@@ -369,12 +372,13 @@ _WATCHED: dict[asyncio.AbstractEventLoop, LoopWatch] = {}
 _original_run = asyncio.events.Handle._run
 
 
-def _measured_run(handle: asyncio.Handle) -> None:
-    watch = _WATCHED.get(handle._loop)  # type: ignore[attr-defined]
+def _measured_run(self: asyncio.Handle) -> None:
+    """Handle._run, measured on a watched loop's thread (installed in its place)."""
+    watch = _WATCHED.get(self._loop)  # type: ignore[attr-defined]
     if watch is None or threading.current_thread() is not watch.thread:
-        _original_run(handle)
+        _original_run(self)
     else:
-        watch.run(handle)
+        watch.run(self)
 
 
 class _ToLoguru(logging.Handler):

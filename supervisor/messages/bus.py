@@ -3,15 +3,15 @@
 Channels hand a message in with `submit`, which never waits for room: past the
 gateway's bound (`bus.inboundCapacity` messages held, that is handed in and not yet
 answered) it refuses at once with `GatewayBusy`, and the channel tells its sender to
-retry (HTTP 429 with `Retry-After`; a `gateway_busy` error on the cli). The
-dispatcher `release`s each message when its turn has ended or it was refused, so
-the count is what the gateway holds, not what one queue holds. `/stop` goes through
+retry (HTTP 429 with `Retry-After`; a `gateway_busy` error on the cli). The session
+lanes (`lanes.py`) `release` each message when its turn has ended or it was refused,
+so the count is what the gateway holds, not what one queue holds. `/stop` goes through
 its own small queue and is never refused: it must reach a session that is busy.
 
 Replies and progress notes leave through `outbound`, each addressed to where its
 message came from.
 
-Created by the gateway; shared by the channels and the dispatcher.
+Created by the gateway; shared by the channels and the session lanes.
 """
 
 from __future__ import annotations
@@ -19,15 +19,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
-from clawsup.supervisor.errors import ClawsupError
+from clawsup.supervisor.errors import ClawsupError, ErrorCode
 from clawsup.supervisor.messages.routing import Peer, Route, RouteInput
 
 STOP_COMMAND = "/stop"
 STOP_QUEUE = 64
-"""`/stop`s waiting for the dispatcher. Each is handled at once (it cancels, it does
+"""`/stop`s waiting for the session lanes. Each is handled at once (it cancels, it does
 not queue behind a turn), so this fills only in a burst; a channel then waits for
 room rather than refuse a `/stop`."""
+MessageRole = Literal["user", "system"]
+"""Who speaks in a session: a channel's sender, or the gateway itself."""
 RETRY_AFTER_S = 2
 """What a busy answer tells the sender to wait before trying again (seconds)."""
 
@@ -36,7 +39,7 @@ class Busy(ClawsupError):
     """A message refused for want of room; nothing of it was kept. The sender may
     retry after `retry_after_s`."""
 
-    code = "busy"
+    code: ClassVar[ErrorCode] = "busy"
 
     def __init__(self, message: str, retry_after_s: int = RETRY_AFTER_S) -> None:
         self.retry_after_s = retry_after_s
@@ -75,7 +78,7 @@ class InboundMessage:
     reply_to: ReplyTarget
     agent_override: str | None = None
     """Only the operator's own channel (the CLI) may name the agent."""
-    role: str = "user"
+    role: MessageRole = "user"
     """`system` for what the gateway itself tells a session (a subagent's announce)."""
     route: Route | None = None
     """Set by the gateway for its own messages: the session they belong to, as

@@ -1,5 +1,6 @@
-"""From the inbound queue to replies: route each message, put it in its session, run
-the session's turns one at a time, and send each answer back where it came from.
+"""The session lanes, from the inbound queue to replies: route each message, put it in
+its session, run the session's turns one at a time, and send each answer back where
+it came from.
 
 Each session key with work has a lane: messages are written to the session (and
 acknowledged) in arrival order as they come, and its turns run strictly in that
@@ -32,13 +33,13 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from clawsup.supervisor.messages.bus import STOP_COMMAND, InboundMessage, MessageBus, OutboundMessage, SessionBusy
+from clawsup.supervisor.messages.bus import STOP_COMMAND, InboundMessage, MessageBus, MessageRole, OutboundMessage, SessionBusy
 from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.agents.providers.offline import sleep_turn
 from clawsup.supervisor.messages.routing import Route, Router
 from clawsup.supervisor.messages.session_store import SessionStore
 
-__all__ = ["STOP_COMMAND", "Agent", "Answer", "Dispatcher", "PlaceholderAgent", "Progress", "SessionBusy"]
+__all__ = ["STOP_COMMAND", "Agent", "Answer", "PlaceholderAgent", "Progress", "SessionBusy", "SessionLanes"]
 
 
 Progress = Callable[[str], Awaitable[None]]
@@ -63,11 +64,17 @@ class Agent(Protocol):
         ...
 
 
+class ReplySink(Protocol):
+    """Where a channel's replies go (every `Channel` is one)."""
+
+    async def send(self, out: OutboundMessage) -> None: ...
+
+
 class PlaceholderAgent:
     """Messaging without sandboxes or a model (the gateway uses the agent loop):
     acknowledges each message with the agent id and the session key, and takes the
     offline model's `/sleep N`. For the in-process benchmark and tests of the
-    dispatcher itself."""
+    lanes themselves."""
 
     async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> str:
         text = message.text.strip()
@@ -84,7 +91,7 @@ Item = tuple[InboundMessage, Route]
 @dataclass
 class _Lane:
     """One session's work: made by the pump for the first message of a session with
-    none, owned by the dispatcher's task group, ended when `held` drops to 0."""
+    none, owned by the lanes' task group, ended when `held` drops to 0."""
 
     key: str
     unwritten: asyncio.Queue[Item | None] = field(default_factory=asyncio.Queue)
@@ -102,7 +109,11 @@ class _Lane:
     turn_of: InboundMessage | None = None
 
 
-class Dispatcher:
+class SessionLanes:
+    """Routes each inbound message into its session's lane and runs the lanes (see
+    above). Created by `Messaging` (or a test) with the bus, router, store, agent
+    and channels; `run()` serves until cancelled."""
+
     def __init__(
         self,
         *,
@@ -110,7 +121,7 @@ class Dispatcher:
         router: Router,
         store: SessionStore,
         agent: Agent,
-        channels: Mapping[str, Any],
+        channels: Mapping[str, ReplySink],
         session_queue: int = 100,
     ) -> None:
         self.bus = bus
@@ -118,7 +129,6 @@ class Dispatcher:
         self.store = store
         self.agent = agent
         self.channels = channels
-        """Channel name -> adapter with `async send(OutboundMessage)`."""
         self._session_queue = session_queue
         self._lanes: dict[str, _Lane] = {}
         self._tg: asyncio.TaskGroup | None = None
@@ -331,7 +341,7 @@ class Dispatcher:
                 logger.exception("channel {} failed to deliver a reply", out.target.channel)
 
 
-def _record(role: str, msg: InboundMessage, route: Route) -> dict[str, Any]:
+def _record(role: MessageRole, msg: InboundMessage, route: Route) -> dict[str, Any]:
     src = msg.source
     rec: dict[str, Any] = {
         "role": role,

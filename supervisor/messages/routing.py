@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from clawsup.supervisor.config import Binding, ClawsupConfig
+from clawsup.supervisor.config import Binding, ClawsupConfig, PeerKind
 from clawsup.supervisor.messages.session_key import SessionKeys
 
 DEFAULT_ACCOUNT = "default"
@@ -40,15 +40,22 @@ def norm_account(s: str | None) -> str:
     return norm(s) or DEFAULT_ACCOUNT
 
 
-def norm_kind(kind: str) -> str:
-    k = norm(kind)
-    return "direct" if k == "dm" else k
+_KINDS: dict[str, PeerKind] = {"direct": "direct", "dm": "direct", "group": "group", "channel": "channel"}
+
+
+def norm_kind(kind: str) -> PeerKind:
+    """`dm` is `direct`; any case. Raises ValueError for what is not a peer kind
+    (each channel and the config check theirs before they get here)."""
+    try:
+        return _KINDS[norm(kind)]
+    except KeyError:
+        raise ValueError(f"{kind!r} is not a peer kind (direct, group or channel)") from None
 
 
 @dataclass(frozen=True)
 class Peer:
-    kind: str
-    """`direct`, `group` or `channel` (`dm` is taken as `direct`)."""
+    kind: PeerKind
+    """`dm` is taken as `direct` (see `Peer.of`)."""
     id: str
 
     @classmethod

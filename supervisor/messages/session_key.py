@@ -20,14 +20,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from clawsup.supervisor.config import DmScope
+
 
 class _Peer(Protocol):
-    kind: str
-    id: str
+    @property
+    def kind(self) -> str: ...
+    @property
+    def id(self) -> str: ...
 
 
 class SessionKeys:
-    def __init__(self, dm_scope: str, identity_links: Mapping[str, list[str]]) -> None:
+    def __init__(self, dm_scope: DmScope, identity_links: Mapping[str, list[str]]) -> None:
         self.dm_scope = dm_scope
         self._links = {ident.strip().lower(): canon.strip().lower() for canon, idents in identity_links.items() for ident in idents}
 

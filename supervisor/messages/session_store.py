@@ -36,6 +36,7 @@ from typing import Any
 from loguru import logger
 
 from clawsup.sandbox.launch.launcher import cleanup_in_thread, outlast
+from clawsup.supervisor.config import FsyncMode
 
 TAIL_SCAN = 1024 * 1024
 """How far from the end a torn line is looked for (a record is far smaller)."""
@@ -52,7 +53,7 @@ def file_name(key: str) -> str:
 
 
 class SessionStore:
-    def __init__(self, root: Path, *, fsync: str = "always", interval_s: float = 0.2, max_open: int = MAX_OPEN_FILES) -> None:
+    def __init__(self, root: Path, *, fsync: FsyncMode = "always", interval_s: float = 0.2, max_open: int = MAX_OPEN_FILES) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
@@ -137,7 +138,7 @@ class SessionStore:
                 os.close(fd)
 
     async def flush_periodically(self) -> None:
-        """For `interval`: runs until cancelled (owned by the dispatcher's task group)."""
+        """For `interval`: runs until cancelled (owned by the session lanes' task group)."""
         while True:
             await asyncio.sleep(self.interval_s)
             await self.flush()

@@ -13,7 +13,7 @@ import asyncio
 import os
 
 from clawsup.sandbox.handshake import LOAD_ERROR_MAGIC, MAGIC, Handshake, HandshakeError, LoadError, parse_handshake, parse_load_error
-from clawsup.supervisor.sandboxes.log import LineSplitter, SandboxLog
+from clawsup.supervisor.sandboxes.log import LineSplitter, SandboxLog, Stream
 
 READ_CHUNK = 64 * 1024
 # After the exit, at most this many chunks per pipe are read to save the last words.
@@ -25,7 +25,7 @@ TAIL_KEPT = 5
 class ChildOutput:
     def __init__(self, stdout_fd: int, stderr_fd: int, log: SandboxLog) -> None:
         self._log = log
-        self._pipes: dict[int, tuple[str, LineSplitter]] = {
+        self._pipes: dict[int, tuple[Stream, LineSplitter]] = {
             stdout_fd: ("stdout", LineSplitter()),
             stderr_fd: ("stderr", LineSplitter()),
         }
@@ -77,7 +77,7 @@ class ChildOutput:
                 self._line(stream, line, cut)
         self._log.flush()
 
-    def _line(self, stream: str, line: str, cut: bool) -> None:
+    def _line(self, stream: Stream, line: str, cut: bool) -> None:
         if stream == "stdout" and not self.handshake.done():
             if self.load_error is None and LOAD_ERROR_MAGIC in line and (err := parse_load_error(line[line.find(LOAD_ERROR_MAGIC):])) is not None:
                 self.load_error = err

@@ -1,12 +1,14 @@
 """What a child may ask of the supervisor over its `Connect` stream, and the judge of
 each request. Every child may `log`. A sandbox may be given more (`Requester.services`:
 a subagent run's `model.complete`, `tool.call`, `runs.wait`, see
-supervisor/agents/subagents.py), each answered by code that knows who that sandbox is. Any
-other method is refused with a reason the child sees.
+supervisor/agents/run_services.py), each answered by code that knows who that sandbox is. Any
+other method is refused with a reason the child sees. `serve` answers one
+incarnation's stream for as long as the child lives.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,13 +17,17 @@ from typing import Any
 from loguru import logger
 
 from clawsup.supervisor.errors import ClawsupError
-from clawsup.supervisor.sandboxes.host_client import ChildReply, ChildRequest
+from clawsup.supervisor.sandboxes.host_client import CallAborted, ChildReply, ChildRequest, ChildStream, HostMisbehaved, HostUnreachable
+from clawsup.supervisor.sandboxes.incarnation import Incarnation
 from clawsup.supervisor.sandboxes.log import SandboxLog
 
 Service = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 LOG_LEVELS = frozenset({"debug", "info", "warning", "error"})
 MAX_LOG_MESSAGE = 8 * 1024
+# Service requests (a subagent's model and tool calls) one child may have in flight;
+# past this its stream waits, not our memory.
+MAX_SERVICE_REQUESTS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,3 +97,39 @@ def _payload(req: ChildRequest) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise ValueError("payload must be a JSON object")
     return payload
+
+
+async def serve(inc: Incarnation, who: Requester) -> None:
+    """Answers the child's requests for as long as it lives. Quick ones (`log`)
+    are answered inline; services (a model call) each in a task of this
+    stream's group, at most MAX_SERVICE_REQUESTS at once, so a child that floods
+    us waits on its own stream, not on our memory. The child's death ends the
+    group, and with it every service call it still had running."""
+    assert inc.client is not None
+    slots = asyncio.Semaphore(MAX_SERVICE_REQUESTS)
+    stream: ChildStream | None = None
+
+    async def service(req: ChildRequest) -> None:
+        assert stream is not None
+        try:
+            await stream.reply(await answer_service(who, req))
+        finally:
+            slots.release()
+
+    try:
+        stream = await inc.client.connect()
+        async with asyncio.TaskGroup() as tg:
+            async for req in stream.requests():
+                if req.method in who.services and req.id:
+                    await slots.acquire()
+                    tg.create_task(service(req), name=f"{who.sandbox_id} {req.method}")
+                elif (reply := answer(who, req)) is not None:
+                    await stream.reply(reply)
+    except* (HostUnreachable, HostMisbehaved, CallAborted) as eg:
+        # The stream ends when the child dies; the exit watcher reports that. A
+        # stream that fails while the child lives is worth a line.
+        if not inc.died.done():
+            who.log.event(f"child stream closed: {eg.exceptions[0]}")
+    finally:
+        if stream is not None:
+            stream.close()

@@ -2,7 +2,7 @@
 limit (`maxWorkspaceMb`, `Limits.workspace_bytes`).
 
 No backend bounds a bind-mounted folder by itself, so the supervisor measures: at
-each heartbeat and after each tool or exec call (supervisor/sandboxes/supervised.py), in a
+each heartbeat and after each tool or exec call (supervisor/sandboxes/watches.py), in a
 worker thread, never on the event loop. Past the limit the sandbox is killed
 (`disk limit: workspace over N MiB`), reported as a memory kill is.
 
@@ -127,7 +127,7 @@ def _close(level: tuple[int, Iterator[os.DirEntry[str]]]) -> None:
 
 
 class WorkspaceDisk:
-    """The disk limit of one sandbox's workspace. Created with its SupervisedSandbox
+    """The disk limit of one sandbox's workspace. Created with its DiskWatch
     and owned by it for the supervisor's life. One walk at a time; a check that
     arrives while one runs, or too soon after the last (DUTY), is skipped.
 

@@ -19,20 +19,32 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clawsup.v1 import host_pb2 as pb
 from clawsup.v1 import host_pb2_grpc as pb_grpc
+from clawsup.sandbox.exec_result import ExecResult
 from clawsup.sandbox.output_cap import HeadTail
 from clawsup.sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY
+from clawsup.supervisor.errors import HostFailureKind
 from clawsup.supervisor.tools.spec import ToolSpec
 
-_KIND_NAMES = {v: k.lower() for k, v in pb.ToolFailure.Kind.items()}
+ToolFailureKind = HostFailureKind
+
+_KIND_NAMES: dict[int, ToolFailureKind] = {
+    pb.ToolFailure.KIND_UNSPECIFIED: "kind_unspecified",
+    pb.ToolFailure.HANDLER_RAISED: "handler_raised",
+    pb.ToolFailure.UNKNOWN_TOOL: "unknown_tool",
+    pb.ToolFailure.BAD_ARGUMENTS: "bad_arguments",
+    pb.ToolFailure.TIMED_OUT: "timed_out",
+    pb.ToolFailure.BAD_RESULT: "bad_result",
+    pb.ToolFailure.TOOL_ERROR: "tool_error",
+}
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """The largest message the supervisor takes from a host: a tool result, a Describe
@@ -45,6 +57,36 @@ supervisor some ten of them at once in gRPC's and Python's buffers
 MARKER_ALLOWANCE = 128
 """Room for the host's own omission marker in the tail (sandbox/host/exec_runner.py
 output_cap writes about 50 bytes), so that an honest host's output passes as sent."""
+
+
+Metadata = Mapping[str, str | bytes]
+
+
+class _Call(Protocol):
+    """What this client does with any of grpc.aio's call objects (grpc ships no types)."""
+
+    def cancel(self) -> bool: ...
+
+    def done(self) -> bool: ...
+
+
+class _UnaryCall(_Call, Protocol):
+    def trailing_metadata(self) -> Awaitable[Metadata | None]: ...
+
+
+class _ConnectCall(_Call, Protocol):
+    """The Connect stream: HostMessages in, SupervisorMessages out."""
+
+    def initial_metadata(self) -> Awaitable[Metadata | None]: ...
+
+    def read(self) -> Awaitable[object]:
+        """The next HostMessage, or grpc.aio.EOF."""
+        ...
+
+    def write(self, message: pb.SupervisorMessage) -> Awaitable[None]: ...
+
+
+_C = TypeVar("_C", bound=_Call)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,19 +112,23 @@ class ToolOutcome:
     text: str
     """The result (a str, or JSON text when `is_json`), or the error message."""
     is_json: bool = False
-    error_kind: str = ""
+    error_kind: ToolFailureKind | Literal[""] = ""
+    """How it failed; empty when `ok`."""
     traceback: str = ""
 
 
-@dataclass(slots=True, kw_only=True)
-class ExecResult:
-    exit_code: int | None
-    signal: int | None
-    timed_out: bool
-    truncated: bool
-    duration_s: float
-    output_bytes: int
-    error: str = ""
+def _exec_result(m: pb.ExecResult) -> ExecResult:
+    """The one way an exec result comes off the wire (sent by sandbox/host/server.py
+    `_exec_message`)."""
+    return ExecResult(
+        exit_code=m.exit_code if m.HasField("exit_code") else None,
+        signal=m.signal if m.HasField("signal") else None,
+        timed_out=m.timed_out,
+        truncated=m.truncated,
+        duration_s=m.duration_s,
+        output_bytes=m.output_bytes,
+        error=m.error,
+    )
 
 
 class HostUnreachable(Exception):
@@ -108,7 +154,7 @@ class CallAborted(Exception):
 class HostMisbehaved(Exception):
     """The host's answer breaks the protocol; `kind` names how, for `ToolFailed`."""
 
-    kind = "protocol"
+    kind: ClassVar[Literal["protocol", "auth", "too_large"]] = "protocol"
 
 
 class HostAuthError(HostMisbehaved):
@@ -178,7 +224,7 @@ class ChildStream:
     """The child's long-lived request stream (Connect): the requests it sends, and our
     replies. Errors come out typed, like the client's."""
 
-    def __init__(self, call: Any, host_token: str) -> None:
+    def __init__(self, call: _ConnectCall, host_token: str) -> None:
         self._call = call
         self._host_token = host_token
         self._writing = asyncio.Lock()  # one write at a time on a gRPC stream
@@ -194,7 +240,7 @@ class ChildStream:
     async def requests(self) -> AsyncIterator[ChildRequest]:
         """Each request the child sends, until it closes the stream."""
         try:
-            while (msg := await self._call.read()) is not grpc.aio.EOF:
+            while isinstance(msg := await self._call.read(), pb.HostMessage):
                 if msg.HasField("request"):
                     r = msg.request
                     yield ChildRequest(id=r.id, method=r.method, payload_json=r.payload_json)
@@ -229,22 +275,19 @@ class HostClient:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ],
         )
-        self._stub = pb_grpc.HostStub(self.channel)
+        self._stub = pb_grpc.HostStub(self.channel)  # type: ignore[no-untyped-call]  # generated without stubs
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self._md = ((TOKEN_METADATA_KEY, supervisor_token),)
         self._host_token = host_token
-        self._inflight: set[Any] = set()
+        self._inflight: set[_Call] = set()
         self._aborted = False
 
     @contextlib.contextmanager
-    def _tracked(self, call: Any, what: str) -> Iterator[Any]:
+    def _tracked(self, call: _C, what: str) -> Iterator[_C]:
         """One call: tracked while it runs, cancelled if its caller leaves early, and
         its failure turned into our errors. A call cancelled by `abort_all` raises
         CallAborted; the caller's own cancellation stays a cancellation."""
-        if self._aborted:
-            call.cancel()
-            raise CallAborted()
-        self._inflight.add(call)
+        self._admit(call)
         try:
             yield call
         except asyncio.CancelledError:
@@ -261,6 +304,12 @@ class HostClient:
             if not call.done():
                 call.cancel()
 
+    def _admit(self, call: _Call) -> None:
+        if self._aborted:
+            call.cancel()
+            raise CallAborted()
+        self._inflight.add(call)
+
     def abort_all(self) -> None:
         """The child is dead: every call in flight, and any started later, ends with
         CallAborted."""
@@ -268,7 +317,7 @@ class HostClient:
         for call in tuple(self._inflight):
             call.cancel()
 
-    async def _check_host(self, call: Any) -> None:
+    async def _check_host(self, call: _UnaryCall) -> None:
         """Unary answers carry the host token in trailing metadata (see
         sandbox/host/server.py)."""
         md = await call.trailing_metadata()
@@ -280,7 +329,7 @@ class HostClient:
         answer within `timeout`."""
         with self._tracked(self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout, metadata=self._md), "its health answer") as call:
             resp = await call
-        return resp.status == health_pb2.HealthCheckResponse.SERVING
+        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
 
     async def describe(self, timeout: float) -> Description:
         with self._tracked(self._stub.Describe(pb.DescribeRequest(), timeout=timeout, metadata=self._md), "its Describe answer") as call:
@@ -339,16 +388,9 @@ class HostClient:
                 done = True
                 if tail := bound.finish():
                     yield tail
-                r = ev.result
-                yield ExecResult(
-                    exit_code=r.exit_code if r.HasField("exit_code") else None,
-                    signal=r.signal if r.HasField("signal") else None,
-                    timed_out=r.timed_out,
-                    truncated=r.truncated or bound.dropped > 0,
-                    duration_s=r.duration_s,
-                    output_bytes=max(r.output_bytes, bound.total),
-                    error=r.error,
-                )
+                r = _exec_result(ev.result)
+                # What the host says it sent, unless it sent more (the bound above).
+                yield replace(r, truncated=r.truncated or bound.dropped > 0, output_bytes=max(r.output_bytes, bound.total))
 
     async def run_agent(self, run_id: str, task: str, max_iterations: int, timeout: float) -> tuple[str, str]:
         """A subagent's loop, run by the host: (result text, error)."""

@@ -18,6 +18,7 @@ import itertools
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from loguru import logger
@@ -33,6 +34,18 @@ SHUTDOWN_RPC_TIMEOUT_S = 0.5
 FAULT_KILL_GRACE_S = 0.5
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """How long each step of an incarnation's life may take: its handshake, its
+    heartbeats (supervisor/sandboxes/watches.py) and a polite stop's grace."""
+
+    handshake_timeout_s: float = 10.0
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 1.0
+    heartbeat_misses: int = 2
+    stop_grace_s: float = 2.0
 
 
 class Incarnation:

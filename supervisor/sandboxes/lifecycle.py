@@ -6,7 +6,8 @@ enters a state. Nothing else changes a sandbox's state.
     crashed → failed  (restart budget spent; `clawsup restart` → starting)
 
 Events drive it (child exit, handshake line, health answer, backoff timer); there is
-no periodic scan. Each edge has its test in tests/test_lifecycle.py.
+no periodic scan. Each edge has its test in tests/test_lifecycle.py. When to restart
+and when to give up is the restart budget's (supervisor/sandboxes/restarts.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from clawsup.sandbox.launch.launcher import ExitStatus
+# Importers older than restarts.py find the policy here too.
+from clawsup.supervisor.sandboxes.restarts import RestartPolicy as RestartPolicy
 
 
 class SandboxState(enum.Enum):
@@ -59,43 +62,15 @@ class Transition:
     at: float
 
 
-@dataclass(frozen=True, kw_only=True)
-class RestartPolicy:
-    """OTP-style: a sandbox that dies more than `max_restarts` times within
-    `period_s` is `failed` until an operator restarts it. Between deaths it waits
-    `backoff_initial_s * 2**(n-1)`, capped at `backoff_max_s`, where n counts the
-    deaths inside the window."""
-
-    max_restarts: int = 5
-    period_s: float = 60.0
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
-
-    def next_delay(self, deaths: deque[float], now: float) -> float | None:
-        """The wait before the next start, or None when the budget is spent.
-        `deaths` must already include the death being handled."""
-        while deaths and deaths[0] <= now - self.period_s:
-            deaths.popleft()
-        if len(deaths) > self.max_restarts:
-            return None
-        return min(self.backoff_initial_s * 2 ** (len(deaths) - 1), self.backoff_max_s)
-
-    def restarts_left(self, deaths: deque[float], now: float) -> int:
-        recent = sum(1 for d in deaths if d > now - self.period_s)
-        return max(self.max_restarts - recent, 0)
-
-
 @dataclass(kw_only=True)
 class Lifecycle:
     """The state of one sandbox and the record that goes with it. Owned by its
-    `Sandbox` in the manager; `enter` is the only way to change `state`."""
+    SupervisedSandbox; `enter` is the only way to change `state`."""
 
     sandbox_id: str
-    policy: RestartPolicy
     clock: Callable[[], float] = time.monotonic
     listeners: list[Callable[[Transition], None]] = field(default_factory=list)
     state: SandboxState = S.STOPPED
-    deaths: deque[float] = field(default_factory=deque)
     restarts: int = 0
     """Starts after the first one, over the sandbox's whole life."""
     started_at: float | None = None
@@ -137,17 +112,3 @@ class Lifecycle:
             if seq > after and state in states:
                 return state
         return None
-
-    def record_death(self, status: ExitStatus) -> float | None:
-        """Count a death and decide: the backoff delay, or None for `failed`."""
-        now = self.clock()
-        self.last_exit = status
-        self.deaths.append(now)
-        return self.policy.next_delay(self.deaths, now)
-
-    def restarts_left(self) -> int:
-        return self.policy.restarts_left(self.deaths, self.clock())
-
-    def forgive(self) -> None:
-        """An operator's `clawsup restart` wipes the death record."""
-        self.deaths.clear()

@@ -26,12 +26,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 from loguru import logger
 
 from clawsup.supervisor.printable import printable
 
+Stream = Literal["stdout", "stderr", "clawsup", "plugin"]
+"""Who wrote a line: the child's stdout or stderr, the supervisor (`clawsup`), or the
+plugin through its `log` request (supervisor/sandboxes/child_requests.py)."""
 MAX_LINE = 16 * 1024
 LINE_COST = 36
 """What a line costs beyond its text: its timestamp, stream tag and newline. Charged
@@ -183,7 +186,7 @@ class SandboxLog:
         self._stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._followers: set[Follower] = set()
 
-    def write(self, stream: str, text: str, *, cut: bool = False) -> None:
+    def write(self, stream: Stream, text: str, *, cut: bool = False) -> None:
         """Append one line. `stream` is stdout, stderr or clawsup (our own events,
         which are never dropped). `text` is escaped here, whoever wrote it: our own
         events quote the child too (tool names, refusal reasons)."""
@@ -222,7 +225,7 @@ class SandboxLog:
         be dropped anyway."""
         return self._window_bytes >= self._budget and time.monotonic() - self._window_start < 1.0
 
-    def drop(self, stream: str, lines: int, last: list[str]) -> None:
+    def drop(self, stream: Stream, lines: int, last: list[str]) -> None:
         """`lines` lines of `stream` dropped unread past the budget (see `spent`);
         `last`, the last of them, still go to the stderr tail for a crash report."""
         if stream == "stderr":

@@ -1,5 +1,6 @@
-"""The sandbox manager: every plugin sandbox of this supervisor, the tasks that
-supervise them, and the route from a tool name to the sandbox that serves it.
+"""The sandbox manager: every sandbox of this supervisor (plugins', workspaces',
+subagent runs') and the tasks that supervise them. A tool call finds its sandbox
+here, through the dispatcher (supervisor/tools/dispatch.py).
 
 Created by the gateway; `run()` owns one task group with a `supervise()` task per
 sandbox and returns only after every child has stopped.
@@ -8,26 +9,24 @@ sandbox and returns only after every child has stopped.
 from __future__ import annotations
 
 import asyncio
-import json
+import enum
 import os
 import re
 import shutil
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from loguru import logger
 
 from clawsup.sandbox.launch.launcher import ChildUser, Launcher, MiB
-from clawsup.supervisor.tools.arguments import check_arguments_async
-from clawsup.supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound, UnknownSandbox
+from clawsup.supervisor.errors import SandboxUnavailable, UnknownSandbox
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
 from clawsup.supervisor.paths import StatePaths
 from clawsup.supervisor.sandboxes.registry import Kind, Registry
 from clawsup.supervisor.sandboxes.log import SandboxLog
 from clawsup.supervisor.sandboxes.plans import SandboxPlan
-from clawsup.supervisor.sandboxes.supervised import OutputSink, SandboxDirs, SupervisedSandbox, Timing, ToolResult
-from clawsup.supervisor.tools.workspaces import CORE_TOOLS, Workspaces
+from clawsup.supervisor.sandboxes.supervised import SandboxDirs, SupervisedSandbox, Timing
 
 S = SandboxState
 DISCARD_SETTLE_S = 5.0
@@ -40,7 +39,11 @@ def child_env(allowlist: Iterable[str]) -> dict[str, str]:
     return {k: os.environ[k] for k in allowlist if k in os.environ}
 
 
-_DECIDE = object()
+class _Decide(enum.Enum):
+    NOW = "now"
+
+
+_DECIDE = _Decide.NOW
 """`add`'s default: decide who the sandbox runs as now."""
 
 
@@ -59,8 +62,6 @@ class SandboxManager:
     ) -> None:
         self.registry = registry
         self._launchers = dict(launchers)
-        self.workspaces: Workspaces | None = None
-        """Set by the gateway: the router of the core workspace tools."""
         self._tg: asyncio.TaskGroup | None = None
         self._paths = paths
         self._timing = timing
@@ -89,7 +90,9 @@ class SandboxManager:
         self.supervise_later(sb)
         return sb
 
-    def add(self, plan: SandboxPlan, *, workspace: Path | None = None, run_as: ChildUser | None | object = _DECIDE) -> SupervisedSandbox:
+    def add(
+        self, plan: SandboxPlan, *, workspace: Path | None = None, run_as: ChildUser | None | Literal[_Decide.NOW] = _DECIDE
+    ) -> SupervisedSandbox:
         """Add a plugin's sandbox (not started yet). Plugins added first win contested
         tool names, so the outcome never depends on which child starts faster."""
         log = SandboxLog(self._paths.sandbox_log(plan.sandbox_id))
@@ -109,7 +112,7 @@ class SandboxManager:
             ),
             log=log,
             env=self._env,
-            run_as=self._user_for(plan) if run_as is _DECIDE else run_as,  # type: ignore[arg-type]
+            run_as=self._user_for(plan) if run_as is _DECIDE else run_as,
         )
         self.sandboxes[plan.sandbox_id] = sb
         return sb
@@ -228,41 +231,6 @@ class SandboxManager:
                 logger.error("{}: did not stop within {:g} s ({}); killing everything it started", sb.id, timeout, type(r).__name__)
                 if sb.inc is not None:
                     await sb.inc.child.kill_all()
-
-    async def invoke(
-        self,
-        name: str,
-        args: dict[str, Any] | str,
-        timeout: float | None = None,
-        *,
-        agent: str | None = None,
-        session: str | None = None,
-        workspace: str | None = None,
-        on_output: OutputSink | None = None,
-    ) -> ToolResult:
-        """The one path every tool call takes (the CLI's, the agent loop's, a
-        subagent run's). `agent` and `session` say who calls (from the caller's
-        context, never from the model's arguments); they pick the workspace sandbox
-        of the core tools, unless the supervisor names one (`workspace`: a subagent
-        run's own)."""
-        reg = self.registry.get(Kind.TOOL, name)
-        if reg is None:
-            for sb in self.sandboxes.values():
-                if name in sb.plan.declared_tools and sb.lc.state is not S.READY:
-                    detail = f"last exit: {sb.lc.last_exit.describe()}" if sb.lc.last_exit else ""
-                    raise SandboxUnavailable(sb.id, sb.plan.plugin_id, sb.lc.state.value, detail)
-            raise ToolNotFound(name, [r.name for r in self.registry.tools()])
-        if reg.sandbox_id is None:
-            if name not in CORE_TOOLS:
-                raise ToolFailed(name, reg.owner, "not_routable", "it acts for a session, so only an agent turn can call it")
-            if self.workspaces is None:
-                raise ToolFailed(name, reg.owner, "not_routable", "this core tool has no sandbox to run in")
-            await check_arguments_async(reg, args)
-            return await self.workspaces.call(name, args, agent=agent, session=session, sandbox_id=workspace, timeout=timeout, on_output=on_output)
-        await check_arguments_async(reg, args)  # before dispatch: a call that does not fit never reaches its handler
-        sb = self.sandboxes[reg.sandbox_id]
-        args_json = args if isinstance(args, str) else json.dumps(args)
-        return await sb.invoke(name, args_json, timeout)
 
     async def status(self) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(sb.status() for sb in list(self.sandboxes.values()))))

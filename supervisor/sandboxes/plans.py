@@ -21,21 +21,23 @@ from typing import TYPE_CHECKING, Any, Literal
 from loguru import logger
 
 from clawsup.sandbox.launch.backends import backend_problem, first_isolating
-from clawsup.sandbox.launch.launcher import Limits, MiB
+from clawsup.sandbox.handshake import SandboxRole
+from clawsup.sandbox.launch.launcher import Backend, BackendChoice, Limits, MiB
 from clawsup.sandbox.manifest import MANIFEST_NAME, Manifest, ManifestError, RestartRequest, SandboxRequest, load_manifest
 from clawsup.supervisor.config import ClawsupConfig, PluginEntry, resolve_plugin_path
 from clawsup.supervisor.errors import ConfigError
-from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy
+from clawsup.supervisor.sandboxes.restarts import RestartPolicy
 from clawsup.supervisor.names import reserved_reason
 from clawsup.supervisor.tools.schemas import CHECK_BUDGET_S, CheckTooCostly, SchemaRefused, compile_schema, outside_refs
 
 if TYPE_CHECKING:
-    from clawsup.supervisor.tools.workspaces import WorkspaceSettings
+    from clawsup.supervisor.tools.workspace_settings import WorkspaceSettings
 
-Role = Literal["plugin", "workspace", "subagent"]
+Role = SandboxRole
 """What a sandbox hosts: one plugin; the core exec and file tools of a workspace,
-whose registrations the supervisor holds (supervisor/tools/workspaces.py); or one
-subagent run's agent loop (supervisor/agents/subagents.py)."""
+whose registrations the supervisor holds (supervisor/tools/core.py); or one
+subagent run's agent loop (supervisor/agents/subagents.py). The same word is on the
+child's start gate (sandbox/handshake.py)."""
 
 AVAILABLE_BACKENDS = frozenset({"process", "bwrap", "docker"})
 # The limits a manifest may ask for: (field, manifest key). Each is granted as the
@@ -68,7 +70,7 @@ class SandboxPlan:
     plugin_config: dict[str, Any]
     limits: Limits
     restart: RestartPolicy
-    backend: str
+    backend: Backend
     role: Role = "plugin"
     network: bool = True
     workspace_tools: dict[str, Any] = field(default_factory=dict)
@@ -91,7 +93,7 @@ def build_plans(
     config_source: str,
     config_dir: Path,
     extra_plugins: list[Path],
-    problem_of: Callable[[str], str] = backend_problem,
+    problem_of: Callable[[Backend], str] = backend_problem,
 ) -> list[SandboxPlan]:
     """`problem_of(backend)`: empty when that backend works here, else why not."""
     problems: list[str] = []
@@ -164,7 +166,7 @@ def _check_plugin_config(manifest: Manifest, config: dict[str, Any]) -> list[str
     return out
 
 
-def _operator_grant(cfg: ClawsupConfig, entry: PluginEntry) -> tuple[SandboxRequest, str]:
+def _operator_grant(cfg: ClawsupConfig, entry: PluginEntry) -> tuple[SandboxRequest, BackendChoice]:
     """`sandbox.defaults` overridden by `plugins.entries.<id>.sandbox`, and the key
     path the backend came from (for errors)."""
     d = cfg.sandbox.defaults
@@ -200,7 +202,7 @@ def _grant(pid: str, ask: SandboxRequest, op: SandboxRequest) -> tuple[dict[str,
     return granted, network, refused
 
 
-def choose_backend(asked: str, *, trusted: bool, problem_of: Callable[[str], str]) -> tuple[str | None, str]:
+def choose_backend(asked: BackendChoice, *, trusted: bool, problem_of: Callable[[Backend], str]) -> tuple[Backend | None, str]:
     """(backend, why not). `auto` takes the first isolating backend that works here;
     only trusted code may end on `process`. Never a silent step down: an untrusted
     plugin with no isolating backend gets None and the reasons."""
@@ -217,7 +219,7 @@ def choose_backend(asked: str, *, trusted: bool, problem_of: Callable[[str], str
 
 
 def _plan(
-    cfg: ClawsupConfig, manifest: Manifest, folder: Path, entry: PluginEntry, plugin_config: dict[str, Any], problem_of: Callable[[str], str]
+    cfg: ClawsupConfig, manifest: Manifest, folder: Path, entry: PluginEntry, plugin_config: dict[str, Any], problem_of: Callable[[Backend], str]
 ) -> SandboxPlan:
     pid = manifest.id
     ask = manifest.sandbox
@@ -297,7 +299,7 @@ def workspace_plan(settings: WorkspaceSettings, sandbox_id: str) -> SandboxPlan:
     )
 
 
-def subagent_plan(settings: WorkspaceSettings, sandbox_id: str, backend: str) -> SandboxPlan:
+def subagent_plan(settings: WorkspaceSettings, sandbox_id: str, backend: Backend) -> SandboxPlan:
     """A subagent run's sandbox. Its loop only talks to the supervisor: small
     limits, no network, and a crash fails the run (no second try)."""
     s = settings
@@ -338,7 +340,7 @@ def restart_policy(r: RestartRequest) -> tuple[RestartPolicy, str]:
 
 def period_floor(p: RestartPolicy) -> float:
     """How long `max_restarts` fast crashes take with their backoffs."""
-    backoffs = sum(min(p.backoff_initial_s * 2**i, p.backoff_max_s) for i in range(p.max_restarts))
+    backoffs = sum(p.backoff(n) for n in range(1, p.max_restarts + 1))
     return backoffs + p.max_restarts * CRASH_ALLOWANCE_S
 
 

@@ -1,5 +1,14 @@
 """One plugin's sandbox across all its incarnations: start, watch, kill, reclaim,
-restart.
+restart. `SupervisedSandbox` is the driver: it owns the sandbox's state and makes
+every transition (through its `Lifecycle`, supervisor/sandboxes/lifecycle.py); the
+work of each phase is done by a piece with one job:
+
+- `restarts.RestartBudget`: after a death, the backoff or the verdict `failed`;
+- `bring_up.BringUp`: launching a child and bringing it up to its Describe;
+- `registrations.ToolAcceptance`: which described tools it may hold;
+- `watches`: the heartbeat and the disk watch of a ready child;
+- `child_requests.serve`: answering the child's Connect stream;
+- `calls.Calls`: tool calls, execs and subagent runs into a ready child.
 
 Created by the `SandboxManager` for each plugin it loads; its `supervise()` task is
 owned by the manager's task group and lives as long as the supervisor. Each
@@ -12,98 +21,39 @@ everything it started are killed, and nothing of that incarnation is left runnin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import json
-import re
-import secrets
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from pathlib import Path
-from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from loguru import logger
 
-from clawsup.sandbox.handshake import LOAD_ERROR_EXIT, HandshakeError
-from clawsup.sandbox.launch.launcher import Child, ChildUser, ExitStatus, LaunchSpec, Launcher, Limits
-from clawsup.sandbox.handshake import GatePayload
-from clawsup.sandbox.socket_paths import UnsafeSocket, dial_address, open_child_socket
-from clawsup.sandbox.manifest import TOOL_NAME_PATTERN
+from clawsup.sandbox.exec_result import ExecResult
+from clawsup.sandbox.handshake import LOAD_ERROR_EXIT
+from clawsup.sandbox.launch.launcher import ChildUser, ExitStatus, Launcher
 from clawsup.sandbox.protected import ProtectedPathError
-from clawsup.supervisor.sandboxes import child_requests
-from clawsup.supervisor.errors import (
-    ClawsupError,
-    RegistrationRefused,
-    SandboxDied,
-    SandboxUnavailable,
-    ToolFailed,
-    ToolTimeout,
-)
-from clawsup.supervisor.sandboxes.host_client import CallAborted, ChildStream, ExecResult, HostClient, HostMisbehaved, HostUnreachable, UnreadableTool
-from clawsup.supervisor.tools.spec import ToolSpec
-from clawsup.supervisor.sandboxes.incarnation import Incarnation, running
-from clawsup.supervisor.sandboxes.lifecycle import ALIVE, Lifecycle, RestartPolicy, SandboxState, Transition
-from clawsup.supervisor.paths import child_dir, own_dir, workspace_tmp
-from clawsup.supervisor.sandboxes.registry import Kind, Registration, Registry, with_compiled_schemas
-from clawsup.supervisor.sandboxes.log import SandboxLog
+from clawsup.supervisor.errors import SandboxUnavailable
+from clawsup.supervisor.sandboxes import child_requests, watches
+from clawsup.supervisor.sandboxes.bring_up import BringUp, LaunchFailed
+from clawsup.supervisor.sandboxes.bring_up import SandboxDirs as SandboxDirs
+from clawsup.supervisor.sandboxes.calls import Calls
+from clawsup.supervisor.sandboxes.calls import OutputSink as OutputSink
+from clawsup.supervisor.sandboxes.calls import ToolResult as ToolResult
 from clawsup.supervisor.sandboxes.disk_usage import WorkspaceDisk
+from clawsup.supervisor.sandboxes.incarnation import Incarnation, running
+from clawsup.supervisor.sandboxes.incarnation import Timing as Timing
+from clawsup.supervisor.sandboxes.lifecycle import ALIVE, Lifecycle, SandboxState, Transition
+from clawsup.supervisor.sandboxes.log import SandboxLog
+from clawsup.supervisor.sandboxes.plans import SandboxPlan
+from clawsup.supervisor.sandboxes.registrations import ToolAcceptance
+from clawsup.supervisor.sandboxes.registry import Kind, Registry
+from clawsup.supervisor.sandboxes.restarts import MONOTONIC, Clock, RestartBudget
+from clawsup.supervisor.sandboxes.watches import DiskWatch
 
 S = SandboxState
 T = TypeVar("T")
 SETTLED = frozenset({S.READY, S.CRASHED, S.BACKOFF, S.FAILED})
-DESCRIBE_TIMEOUT_S = 5.0
-# The host answers TIMED_OUT itself at the call's timeout; the gRPC deadline leaves it
-# this long to say so before the supervisor stops waiting.
-TIMEOUT_MARGIN_S = 0.25
-OVERRUN_PROBE_TIMEOUT_S = 0.5
-# A transport error can reach a caller a moment before the pidfd says the child
-# exited; this is how long the caller waits for the exit status to name the death.
-DEATH_CONFIRM_S = 2.0
-# Service requests (a subagent's model and tool calls) one child may have in flight;
-# past this its stream waits, not our memory.
-MAX_SERVICE_REQUESTS = 8
-# A manifest declares at most 128 tools (sandbox/manifest.py); a Describe that lists
-# many more is looked at this far, and its refusals are named this many times.
-MAX_DESCRIBED_TOOLS = 1024
-MAX_NAMED_REFUSALS = 16
-
-
-@dataclass(frozen=True, kw_only=True)
-class SandboxDirs:
-    workspace: Path
-    """The child's cwd and HOME: `<state>/sandboxes/<id>/workspace`."""
-    run_dir: Path
-    """The 0700 directory of the child's socket."""
-    operator_workspace: bool = False
-    """The workspace is a folder the operator named: not chmodded, no .tmp in it."""
-    private: Path | None = None
-    """`<state>/sandboxes/<id>/private`: written by the supervisor only (see
-    LaunchSpec.private_dir)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Timing:
-    handshake_timeout_s: float = 10.0
-    heartbeat_interval_s: float = 2.0
-    heartbeat_timeout_s: float = 1.0
-    heartbeat_misses: int = 2
-    stop_grace_s: float = 2.0
-
-
-OutputSink = Callable[[bytes], Awaitable[None]]
-
-
-@dataclass(slots=True, kw_only=True)
-class ToolResult:
-    text: str
-    is_json: bool
-
-    def value(self) -> Any:
-        return json.loads(self.text) if self.is_json else self.text
-
-
-class LaunchFailed(Exception):
-    """The launcher could not start the child (it cleaned up after itself)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +69,9 @@ class Ended:
 
 class SupervisedSandbox:
     """One plugin's sandbox: its plan, its lifecycle, its log, and the incarnation
-    (child process) it is running now, if any."""
+    (child process) it is running now, if any. `clock` is where its restarts are
+    counted and its backoffs waited out (tests/test_lifecycle_model.py passes a
+    virtual one)."""
 
     def __init__(
         self,
@@ -132,34 +84,29 @@ class SupervisedSandbox:
         log: SandboxLog,
         env: dict[str, str],
         run_as: ChildUser | None,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.plan = plan
         self.id = plan.sandbox_id
-        self._launcher = launcher
+        self.log = log
         self._registry = registry
         self._timing = timing
         self._dirs = dirs
-        self._disk = WorkspaceDisk(dirs.workspace, plan.limits.workspace_bytes, grow_only=dirs.operator_workspace)
-        self._disk_poke = asyncio.Event()
-        """Set after each call, so that the workspace is measured then too."""
-        self._workspace = dirs.workspace
-        self._run_dir = dirs.run_dir
         self._run_as = run_as
-        self.log = log
-        self._env = env
-        self._tokens = ("", "")
-        """(supervisor token, host token) of the current incarnation: fresh for each
-        child, so a token that leaked from a dead child opens nothing."""
-        self.lc = Lifecycle(sandbox_id=plan.sandbox_id, policy=plan.restart)
+        self._clock = clock
+        self.lc = Lifecycle(sandbox_id=plan.sandbox_id, clock=clock.now)
         self.lc.listeners.append(self._on_transition)
+        self._budget = RestartBudget(policy=plan.restart, clock=clock.now)
+        self._bring_up = BringUp(plan, launcher=launcher, registry=registry, timing=timing, dirs=dirs, log=log, env=env, run_as=run_as)
+        self._tools = ToolAcceptance(plan, registry, log)
+        disk = WorkspaceDisk(dirs.workspace, plan.limits.workspace_bytes, grow_only=dirs.operator_workspace)
+        self._disk = DiskWatch(disk, timing.heartbeat_interval_s)
+        self._calls = Calls(plan, budget=self._budget, log=log, disk=self._disk, stopping=self._stopping)
         self.inc: Incarnation | None = None
         self._incarnations = itertools.count(1)
         self.services: dict[str, child_requests.Service] = {}
         """What this sandbox may ask beyond `log` (a subagent run's model and tool
         calls); set by whoever made it, see supervisor/sandboxes/child_requests.py."""
-        self.refusals: dict[str, str] = {}
-        """Tool name -> why the registry refused it, from the last Describe (for
-        `clawsup plugins show`)."""
         self._start_wanted = asyncio.Event()
         self._stop_wanted = False
         self._stop_reason = ""
@@ -167,16 +114,22 @@ class SupervisedSandbox:
 
     @property
     def workspace_dir(self) -> Path:
-        return self._workspace
+        return self._dirs.workspace
 
     @property
     def run_dir(self) -> Path:
-        return self._run_dir
+        return self._dirs.run_dir
 
     @property
     def uid(self) -> int | None:
         """The uid its children run as; None: as the supervisor."""
         return self._run_as.uid if self._run_as is not None else None
+
+    @property
+    def refusals(self) -> dict[str, str]:
+        """Tool name -> why the registry refused it, from the last Describe (for
+        `clawsup plugins show`)."""
+        return self._tools.refusals
 
     # -- state, as others see it ---------------------------------------------------
 
@@ -222,7 +175,7 @@ class SupervisedSandbox:
             "state_why": self.lc.why,
             "pid": inc.child.pid if inc else None,
             "restarts": self.lc.restarts,
-            "restarts_left": self.lc.restarts_left(),
+            "restarts_left": self._budget.left(),
             "uptime_s": round(now - self.lc.started_at, 3) if self.lc.started_at is not None else None,
             "rss_bytes": container.get("memory_bytes") if container else (inc.child.rss_bytes() if inc else None),
             "container": container,
@@ -230,17 +183,26 @@ class SupervisedSandbox:
             "last_exit": self.lc.last_exit.to_json() if self.lc.last_exit else None,
         }
 
+    def _state(self) -> SandboxState:
+        """The state now: read through a call, because it changes across every await
+        (and a type checker would keep the value an earlier test narrowed it to)."""
+        return self.lc.state
+
+    def _stopping(self) -> bool:
+        """A stop was asked for since the last start (read through a call, as `_state`)."""
+        return self._stop_wanted
+
     # -- the supervision loop --------------------------------------------------------
 
     def supervision_failed(self) -> None:
         """Its supervision ended on a bug (the manager logged it): say `failed`, so
         that status and callers see it down, until an operator's restart."""
         why = "its supervision failed (see supervisor.log); `clawsup restart` to try again"
-        if self.lc.state in (S.STARTING, S.READY):
+        if self._state() in (S.STARTING, S.READY):
             self.lc.enter(S.CRASHED, why)
-        if self.lc.state is S.CRASHED:
+        if self._state() is S.CRASHED:
             self.lc.enter(S.FAILED, why)
-        elif self.lc.state in (S.DRAINING, S.BACKOFF):
+        elif self._state() in (S.DRAINING, S.BACKOFF):
             self.lc.enter(S.STOPPED, why)
 
     def request_start(self) -> None:
@@ -257,7 +219,7 @@ class SupervisedSandbox:
             while True:
                 ended = await self._run_incarnation()
                 status, delay = ended.status, ended.delay
-                if self._stop_wanted:
+                if self._stopping():
                     self.lc.enter(S.STOPPED, status.reason or "stopped")
                     break
                 if ended.failed is not None:
@@ -269,14 +231,22 @@ class SupervisedSandbox:
                     self.lc.enter(S.FAILED, f"{self.plan.restart.max_restarts} restarts within {self.plan.restart.period_s:g} s; `clawsup restart {self.id}` to try again")
                     break
                 self.lc.enter(S.BACKOFF, f"restarting in {delay:g} s")
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._start_wanted.wait()
+                await self._wait_out(delay)
                 self._start_wanted.clear()
-                if self._stop_wanted:
+                if self._stopping():
                     self.lc.enter(S.STOPPED, "stopped during backoff")
                     break
                 self.lc.restarts += 1
+
+    async def _wait_out(self, delay: float) -> None:
+        """The backoff: `delay` seconds on the sandbox's clock, cut short by a start
+        or a stop request."""
+        async with asyncio.TaskGroup() as tg:
+            timer = tg.create_task(self._clock.sleep(delay), name=f"{self.id} backoff")
+            asked = tg.create_task(self._start_wanted.wait(), name=f"{self.id} backoff cut")
+            await asyncio.wait((timer, asked), return_when=asyncio.FIRST_COMPLETED)
+            timer.cancel()
+            asked.cancel()
 
     async def _run_incarnation(self) -> Ended:
         number = next(self._incarnations)
@@ -284,7 +254,7 @@ class SupervisedSandbox:
         self.lc.enter(S.STARTING, f"incarnation {number}")
         self.log.new_incarnation()
         try:
-            async with running(self.id, number, self._launch, self.log, self._timing.stop_grace_s) as inc:
+            async with running(self.id, number, self._bring_up.launch, self.log, self._timing.stop_grace_s) as inc:
                 self.inc = inc
                 self.log.event(f"started pid {inc.child.pid} (backend {self.plan.backend})")
                 exit_future = inc.child.wait()
@@ -292,7 +262,7 @@ class SupervisedSandbox:
                     async with asyncio.TaskGroup() as tg:
                         inc.tg = tg
                         life = tg.create_task(self._life(inc), name=f"{self.id}#{number} life")
-                        if self.lc.state is S.DRAINING:  # a stop arrived during the launch
+                        if self._state() is S.DRAINING:  # a stop arrived during the launch
                             inc.kill(self._stop_reason, polite=False)
                         raw = await asyncio.shield(exit_future)
                         life.cancel()
@@ -309,9 +279,10 @@ class SupervisedSandbox:
             # A refusal that explains itself (a planted symlink at a protected path)
             # needs no traceback; anything else is a bug worth one.
             logger.opt(exception=None if isinstance(e, ProtectedPathError) else e).error("{}: could not start the child: {}", self.id, e)
-            if self.lc.state is S.DRAINING:
+            if self._state() is S.DRAINING:
                 return Ended(status, None)
-            delay = self.lc.record_death(status)
+            self.lc.last_exit = status
+            delay = self._budget.death()
             self.lc.enter(S.CRASHED, status.reason)
             return Ended(status, delay)
 
@@ -320,24 +291,23 @@ class SupervisedSandbox:
         the order is what tests/test_faults.py checks. Its descendants are swept
         after the callers know (a cgroup holding much memory empties slowly)."""
         inc.closing = True
-        load = inc.output.load_error if raw.code == LOAD_ERROR_EXIT and self.lc.state is S.STARTING else None
+        load = inc.output.load_error if raw.code == LOAD_ERROR_EXIT and self._state() is S.STARTING else None
         if load is not None:
             reason = f"could not load: {load.message}{f' (at {load.where})' if load.where else ''}"
         else:
             reason = "; ".join(r for r in (inc.kill_reason, await _quietly(inc.child.diagnose(), "")) if r)
         status = ExitStatus(code=raw.code, signal=raw.signal, reason=reason)
         gone = self._registry.reclaim(self.plan.plugin_id)
-        draining = self.lc.state is S.DRAINING
-        if draining:
-            delay = None
-        elif load is not None:
-            self.lc.last_exit = status  # not a death that counts against the budget
-            delay = None
-        else:
-            delay = self.lc.record_death(status)
+        draining = self._state() is S.DRAINING
+        delay: float | None = None
+        if not draining:
+            self.lc.last_exit = status
+            if load is None:  # a plugin that does not load is no death against the budget
+                delay = self._budget.death()
         inc.declare_dead(status)
         # From the callers' news to `crashed`, no await: a caller told of the death
-        # must not find the sandbox still `ready` (tests/test_log_follow.py).
+        # must not find the sandbox still `ready` (tests/test_log_follow.py; a call
+        # that overran waits for this too, see calls.Calls._overrun).
         inc.output.drain()
         tools = f"; withdrew {', '.join(r.name for r in gone)}" if gone else ""
         self.log.event(f"pid {inc.child.pid} {status.describe()}{tools}")
@@ -352,77 +322,6 @@ class SupervisedSandbox:
         await _quietly(inc.child.kill_all(), None)
         return Ended(status, delay, failed=reason if load is not None else None)
 
-    def _died_error(self, status: ExitStatus) -> SandboxDied:
-        return SandboxDied(
-            sandbox_id=self.id,
-            plugin=self.plan.plugin_id,
-            status=status,
-            restarts_left=self.lc.restarts_left(),
-            stderr_tail=list(self.log.stderr_tail)[-5:],
-        )
-
-    def _private_dir(self) -> Path | None:
-        d = self._dirs.private
-        if d is None:
-            return None
-        own_dir(d.parent, 0o711)
-        own_dir(d, 0o711)
-        return d
-
-    async def _launch(self) -> Child:
-        try:
-            return await self._launch_child()
-        except Exception as e:
-            raise LaunchFailed(str(e)) from e
-
-    async def _launch_child(self) -> Child:
-        env = dict(self._env)
-        if self._dirs.operator_workspace:
-            # The operator's own folder (`clawsup exec run --workspace`): used as is.
-            env.update(HOME=str(self._workspace))
-        else:
-            # The sandbox's folder is ours (enter-only: a child running as another
-            # user reaches its workspace by name); the workspace is the child's, and
-            # what is in it is touched by descriptor only (supervisor/paths.py).
-            own_dir(self._workspace.parent, 0o711)
-            child_dir(self._workspace, 0o700)
-            env.update(HOME=str(self._workspace))
-            tmp, notes = workspace_tmp(self._workspace)
-            for note in notes:
-                self.log.event(note)
-            if tmp is not None:
-                env.update(TMPDIR=str(tmp))
-        child_dir(self._run_dir, 0o700)
-        supervisor_token, host_token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-        self._tokens = (supervisor_token, host_token)
-        spec = LaunchSpec(
-            sandbox_id=self.id,
-            plugin_dir=self.plan.plugin_dir,
-            workspace=self._workspace,
-            run_dir=self._run_dir,
-            run_as=self._run_as,
-            limits=self.plan.limits,
-            env=env,
-            network=self.plan.network,
-            trusted=self.plan.trusted,
-            protected_paths=self.plan.protected_paths,
-            operator_workspace=self._dirs.operator_workspace,
-            private_dir=self._private_dir(),
-            gate=GatePayload(
-                sandbox_id=self.id,
-                supervisor_token=supervisor_token,
-                host_token=host_token,
-                plugin_id=self.plan.plugin_id,
-                plugin_version=self.plan.plugin_version,
-                entry=self.plan.entry,
-                plugin_config=self.plan.plugin_config,
-                role=self.plan.role,
-                tools=self._registry.claimable(self.plan.plugin_id, Kind.TOOL, self.plan.declared_tools) if self.plan.role == "plugin" else None,
-                workspace_tools=self.plan.workspace_tools,
-            ),
-        )
-        return await self._launcher.launch(spec)
-
     async def _life(self, inc: Incarnation) -> None:
         """Bring-up, then heartbeat and stream, until the child dies (when the
         incarnation cancels this). A bug here must cost this child, not the
@@ -434,182 +333,20 @@ class SupervisedSandbox:
             inc.kill(f"supervisor error: {type(e).__name__}: {e}", polite=False)
 
     async def _bring_up_and_serve(self, inc: Incarnation) -> None:
-        t = self._timing
-        try:
-            async with asyncio.timeout(t.handshake_timeout_s):
-                hs = await inc.output.handshake
-        except TimeoutError:
-            inc.kill(f"no handshake within {t.handshake_timeout_s:g} s", polite=False)
-            return
-        except HandshakeError as e:
-            inc.kill(f"bad handshake: {e}", polite=False)
-            return
-        # Dial the socket we assigned, never an address the child names: plugin code
-        # runs before the handshake and may print anything, including another
-        # sandbox's socket. (The handshake's address matters only as a sanity check.)
-        if hs.address != inc.child.socket_path:
-            self.log.event(f"handshake names {hs.address}, dialling the assigned {inc.child.socket_path}")
-        # The socket's folder is the child's to write: the name is opened once,
-        # without following or blocking, checked, and dialled by descriptor, so that
-        # no later swap of the name (a symlink to a listener of the plugin's own, that
-        # would get the tokens) changes where a reconnect goes.
-        try:
-            inc.dial_fd = open_child_socket(inc.child.socket_path)
-        except (UnsafeSocket, OSError) as e:
-            inc.kill(f"refusing to dial the child's socket: {e}", polite=False)
-            return
-        inc.client = HostClient(dial_address(inc.dial_fd), *self._tokens)
-        try:
-            if not await inc.client.health(timeout=t.handshake_timeout_s):
-                inc.kill("health check did not say SERVING after the handshake", polite=False)
-                return
-            desc = await inc.client.describe(DESCRIBE_TIMEOUT_S)
-        except (HostUnreachable, HostMisbehaved, CallAborted) as e:
-            inc.kill(f"bring-up failed: {e}", polite=False)
-            return
-        if desc.plugin_id != self.plan.plugin_id:
-            inc.kill(f"host serves plugin {desc.plugin_id!r}, expected {self.plan.plugin_id!r}", polite=False)
-            return
-        if self.lc.state is not S.STARTING:
-            return  # being stopped meanwhile: the kill is already on its way
+        desc = await self._bring_up.connect(inc)
+        if desc is None or self._state() is not S.STARTING:
+            return  # failed (the kill is on its way), or being stopped meanwhile
         if self.plan.role == "plugin":
-            await self._accept(desc.tools)
-            if self.lc.state is not S.STARTING:
-                return  # stopped while its schemas compiled
+            judged = await self._tools.judge(desc.tools)
+            if self._state() is not S.STARTING:
+                return  # stopped while its schemas compiled: its death has reclaimed
+            self._tools.accept(judged)
         self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._heartbeat(inc), name=f"{self.id}#{inc.number} heartbeat")
-            tg.create_task(self._watch_disk(inc), name=f"{self.id}#{inc.number} disk")
-            tg.create_task(self._serve_stream(inc), name=f"{self.id}#{inc.number} stream")
-
-    async def _accept(self, tools: tuple[ToolSpec | UnreadableTool, ...]) -> None:
-        """The supervisor is the judge: a refused tool is logged, the rest stay. A
-        host that describes a flood of names it may not register gets the first few
-        refusals named and the rest counted in one line, so that it cannot fill the
-        logs or hold the loop (tests/test_trust.py::test_a_flood_of_refused_tools).
-        The cheap checks come first, on the loop, so that names it may not hold cost
-        no compile; the schemas of the rest are compiled in one batch off the loop
-        (tests/test_hostile_bounds.py::test_a_plugins_registration_does_not_stall_other_callers)."""
-        self.refusals = {}
-        described = list(tools[:MAX_DESCRIBED_TOOLS])
-        unnamed = len(tools) - len(described)
-        screened = [self._screen(spec) for spec in described]
-        compiled = iter(await with_compiled_schemas([r for r in screened if isinstance(r, Registration)]))
-        if self.lc.state is not S.STARTING:
-            return  # stopped meanwhile: its death has reclaimed; nothing may be added now
-        for spec, first in zip(described, screened):
-            why = first if isinstance(first, str) else self._register(next(compiled))
-            if why is None:
-                continue
-            if len(self.refusals) >= MAX_NAMED_REFUSALS:
-                unnamed += 1
-                continue
-            shown = repr(spec.name[:64]) + ("…" if len(spec.name) > 64 else "")
-            self.refusals[spec.name[:64]] = why
-            said = f"plugin {self.plan.plugin_id!r} may not register tool {shown}: {why}"
-            self.log.event(f"refused: {said}")
-            logger.warning("{}: {}", self.id, said)
-        if unnamed:
-            line = f"and {unnamed} more tool(s) it described were refused (not named one by one)"
-            self.refusals["…"] = line
-            self.log.event(line)
-            logger.warning("{}: {}", self.id, line)
-
-    def _screen(self, spec: ToolSpec | UnreadableTool) -> Registration | str:
-        """One described tool as a registration, or why it may not be one (without
-        compiling its schema)."""
-        if not re.fullmatch(TOOL_NAME_PATTERN, spec.name):
-            return "not a valid tool name (letters, digits, _ and -, at most 64)"
-        if isinstance(spec, UnreadableTool):
-            return spec.problem
-        reg = Registration(
-            kind=Kind.TOOL,
-            name=spec.name,
-            owner=self.plan.plugin_id,
-            sandbox_id=self.id,
-            description=spec.description,
-            input_schema=spec.input_schema,
-        )
-        return self._registry.refusal(reg, declared=self.plan.declared_tools) or reg
-
-    def _register(self, reg: Registration | str) -> str | None:
-        """Register one tool, its schema compiled; None when accepted, else why not."""
-        if isinstance(reg, str):
-            return reg
-        try:
-            self._registry.register(reg, declared=self.plan.declared_tools)
-        except RegistrationRefused as e:
-            return e.reason
-        return None
-
-    async def _heartbeat(self, inc: Incarnation) -> None:
-        t = self._timing
-        misses = 0
-        while True:
-            await asyncio.sleep(t.heartbeat_interval_s)
-            assert inc.client is not None
-            try:
-                serving = await inc.client.health(timeout=t.heartbeat_timeout_s)
-            except (HostUnreachable, HostMisbehaved):
-                misses += 1
-                if misses >= t.heartbeat_misses:
-                    inc.kill(f"hung: missed {misses} heartbeats ({t.heartbeat_timeout_s:g} s each)", polite=False)
-                    return
-                continue
-            misses = 0
-            if not serving:
-                inc.kill("host reported NOT_SERVING (a handler overran its timeout and cannot be interrupted)", polite=False)
-                return
-
-    async def _watch_disk(self, inc: Incarnation) -> None:
-        """Measures the workspace at READY, then every heartbeat interval and after
-        each call (supervisor/sandboxes/disk_usage.py). Past its limit the child is killed at
-        once, reported as a memory kill is (tests/test_sandbox_walls.py)."""
-        while True:
-            if (reason := await self._disk.over()) is not None:
-                inc.kill(reason, polite=False)
-                await inc.child.kill_all()  # no grace: a writer would go on writing
-                return
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._timing.heartbeat_interval_s):
-                    await self._disk_poke.wait()
-            self._disk_poke.clear()
-
-    async def _serve_stream(self, inc: Incarnation) -> None:
-        """Answers the child's requests for as long as it lives. Quick ones (`log`)
-        are answered inline; services (a model call) each in a task of this
-        stream's group, at most MAX_SERVICE_REQUESTS at once, so a child that floods
-        us waits on its own stream, not on our memory. The child's death ends the
-        group, and with it every service call it still had running."""
-        assert inc.client is not None
         who = child_requests.Requester(sandbox_id=self.id, plugin_id=self.plan.plugin_id, log=self.log, services=self.services)
-        slots = asyncio.Semaphore(MAX_SERVICE_REQUESTS)
-        stream: ChildStream | None = None
-
-        async def serve(req: Any) -> None:
-            assert stream is not None
-            try:
-                await stream.reply(await child_requests.answer_service(who, req))
-            finally:
-                slots.release()
-
-        try:
-            stream = await inc.client.connect()
-            async with asyncio.TaskGroup() as tg:
-                async for req in stream.requests():
-                    if req.method in who.services and req.id:
-                        await slots.acquire()
-                        tg.create_task(serve(req), name=f"{self.id} {req.method}")
-                    elif (reply := child_requests.answer(who, req)) is not None:
-                        await stream.reply(reply)
-        except* (HostUnreachable, HostMisbehaved, CallAborted) as eg:
-            # The stream ends when the child dies; the exit watcher reports that. A
-            # stream that fails while the child lives is worth a line.
-            if not inc.died.done():
-                self.log.event(f"child stream closed: {eg.exceptions[0]}")
-        finally:
-            if stream is not None:
-                stream.close()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(watches.heartbeat(inc, self._timing), name=f"{self.id}#{inc.number} heartbeat")
+            tg.create_task(self._disk.watch(inc), name=f"{self.id}#{inc.number} disk")
+            tg.create_task(child_requests.serve(inc, who), name=f"{self.id}#{inc.number} stream")
 
     # -- stopping and killing ------------------------------------------------------
 
@@ -636,7 +373,7 @@ class SupervisedSandbox:
         return once ready (or whatever state the first attempt ends in)."""
         if self.lc.state in (S.STARTING, S.READY, S.DRAINING, S.BACKOFF):
             await self.stop("restart requested by operator", timeout)
-        self.lc.forgive()
+        self._budget.forgive()
         return await self.start(timeout)
 
     async def start(self, timeout: float) -> SandboxState:
@@ -646,21 +383,10 @@ class SupervisedSandbox:
         self.request_start()
         return await self.wait_state(SETTLED, timeout, after=seq)
 
-    # -- calls -----------------------------------------------------------------------
+    # -- calls (supervisor/sandboxes/calls.py) -----------------------------------------
 
     async def invoke(self, tool: str, args_json: str, timeout: float | None) -> ToolResult:
-        inc = self._ready_incarnation()
-        assert inc.client is not None
-        limit = min(timeout, self.plan.limits.call_timeout_s) if timeout else self.plan.limits.call_timeout_s
-        async with self._in_flight(inc, tool, limit):
-            outcome = await inc.client.invoke(tool, args_json, inc.next_call_id(), limit, TIMEOUT_MARGIN_S)
-        if outcome.ok:
-            return ToolResult(text=outcome.text, is_json=outcome.is_json)
-        if outcome.error_kind == "timed_out":
-            raise await self._overrun(inc, tool, limit)
-        if outcome.traceback:
-            self.log.event(f"tool {tool!r} raised: {outcome.text}")
-        raise ToolFailed(tool, self.plan.plugin_id, outcome.error_kind, outcome.text)
+        return await self._calls.invoke(self._ready_incarnation(), tool, args_json, timeout)
 
     async def exec(
         self, command: str, *, workdir: str, timeout: float, output_cap: int, kill_grace: float, on_output: OutputSink | None
@@ -669,53 +395,13 @@ class SupervisedSandbox:
         to `on_output` as it comes. The host enforces `timeout`; a death on the way
         raises SandboxDied, like a tool call."""
         inc = self._ready_incarnation()
-        assert inc.client is not None
-        result: ExecResult | None = None
-        async with self._in_flight(inc, "exec", timeout):
-            events = inc.client.exec(command, workdir, timeout, output_cap, inc.next_call_id(), kill_grace + 2 + TIMEOUT_MARGIN_S)
-            # Read to the stream's end (the status follows the result at once): a
-            # call left open would have to be cancelled, which costs more.
-            async with contextlib.aclosing(events):
-                async for item in events:
-                    if isinstance(item, ExecResult):
-                        result = item
-                    elif on_output is not None:
-                        await on_output(item)
-        if result is None:
-            raise ToolFailed("exec", self.plan.plugin_id, "transport", "the sandbox ended the stream without a result")
-        return result
+        return await self._calls.exec(inc, command, workdir=workdir, timeout=timeout, output_cap=output_cap, kill_grace=kill_grace, on_output=on_output)
 
     async def run_agent(self, run_id: str, task: str, *, max_iterations: int, timeout: float) -> tuple[str, str]:
         """Runs a subagent's loop in this (subagent) sandbox: (result text, error).
         Its model and tool calls arrive meanwhile as services on the stream. A death
         on the way raises SandboxDied."""
-        inc = self._ready_incarnation()
-        assert inc.client is not None
-        async with self._in_flight(inc, "subagent run", timeout):
-            return await inc.client.run_agent(run_id, task, max_iterations, timeout)
-
-    @contextlib.asynccontextmanager
-    async def _in_flight(self, inc: Incarnation, tool: str, limit: float) -> AsyncIterator[None]:
-        """One RPC to the child, whatever goes wrong turned into the error the
-        caller should see. The host client ends every call of a child that died
-        (CallAborted) at once, not at its deadline."""
-        try:
-            yield
-        except CallAborted:
-            # The incarnation ends every call it aborts by saying how it ended first
-            # (Incarnation.declare_dead); bounded all the same.
-            try:
-                async with asyncio.timeout(DEATH_CONFIRM_S):
-                    status = await asyncio.shield(inc.died)
-            except TimeoutError:
-                raise ToolFailed(tool, self.plan.plugin_id, "transport", "the sandbox went away during the call") from None
-            raise self._died_error(status) from None
-        except HostUnreachable as e:
-            raise await self._rpc_failure(inc, tool, limit, e) from None
-        except HostMisbehaved as e:
-            raise ToolFailed(tool, self.plan.plugin_id, e.kind, str(e)) from None
-        finally:
-            self._disk_poke.set()
+        return await self._calls.run_agent(self._ready_incarnation(), run_id, task, max_iterations=max_iterations, timeout=timeout)
 
     def _ready_incarnation(self) -> Incarnation:
         inc = self.inc
@@ -723,33 +409,6 @@ class SupervisedSandbox:
             detail = f"last exit: {self.lc.last_exit.describe()}" if self.lc.last_exit else ""
             raise SandboxUnavailable(self.id, self.plan.plugin_id, self.lc.state.value, detail)
         return inc
-
-    async def _rpc_failure(self, inc: Incarnation, tool: str, limit: float, e: HostUnreachable) -> ClawsupError:
-        if e.deadline:
-            return await self._overrun(inc, tool, limit)
-        # Most likely the child just died and the pidfd has not been read yet.
-        try:
-            async with asyncio.timeout(DEATH_CONFIRM_S):
-                status = await asyncio.shield(inc.died)
-            return self._died_error(status)
-        except TimeoutError:
-            return ToolFailed(tool, self.plan.plugin_id, "transport", f"the sandbox did not answer: {e}")
-
-    async def _overrun(self, inc: Incarnation, tool: str, limit: float) -> ToolTimeout:
-        """A call outlived its timeout. If the host is still healthy (an async handler
-        was cancelled in time) nothing else happens; if it is wedged or says
-        NOT_SERVING, it is killed now rather than at the next heartbeat (which may
-        also have got there first)."""
-        if not inc.died.done() and inc.kill_reason is None:
-            healthy = False
-            if inc.client is not None:
-                with contextlib.suppress(HostUnreachable, HostMisbehaved, CallAborted):
-                    healthy = await inc.client.health(timeout=OVERRUN_PROBE_TIMEOUT_S)
-            if healthy:
-                return ToolTimeout(tool, self.plan.plugin_id, self.id, limit)
-            inc.kill(f"tool {tool!r} overran its {limit:g} s timeout and could not be interrupted", polite=False)
-        after = "the sandbox is stopping" if self._stop_wanted else "the sandbox is being restarted"
-        return ToolTimeout(tool, self.plan.plugin_id, self.id, limit, f"the handler could not be interrupted, so {after}")
 
 
 async def _quietly(work: Awaitable[T], fallback: T) -> T:

@@ -4,8 +4,9 @@ dispatch: the handler of a call whose arguments do not fit is never called.
 The schema is compiled once, when the tool registers (supervisor/tools/schemas.py; a
 plugin's schemas all at once and off the event loop), and the compiled check travels
 on the `Registration`; a call pays one validation, never a compile
-(tests/test_arguments.py). `SandboxManager.invoke`, the one path every tool call
-takes, calls `check_arguments_async` (or `check_arguments`).
+(tests/test_arguments.py). `ToolDispatcher.invoke` (supervisor/tools/dispatch.py),
+the one path every tool call takes, calls `check_arguments_async` (or
+`check_arguments`).
 
 The plugin's schema decides what a check costs (supervisor/tools/schemas.py bounds it): a
 check on the event loop stops after `LOOP_BUDGET_S`; `check_arguments_async` then

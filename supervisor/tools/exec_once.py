@@ -19,45 +19,50 @@ import os
 import shutil
 import stat
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from clawsup.sandbox.launch.backends import backend_problem, make_launcher
+from clawsup.sandbox.launch.backends import backend_named, backend_problem, make_launcher
 from clawsup.sandbox.launch.cgroup import CgroupRoot
 from clawsup.sandbox.launch.launcher import Launcher
 from clawsup.sandbox.launch.uids import SandboxUids, UidAllocator
+from clawsup.sandbox.exec_result import ExecResult
 from clawsup.supervisor.config import ClawsupConfig
 from clawsup.supervisor.errors import ClawsupError, ConfigError
-from clawsup.supervisor.sandboxes.host_client import ExecResult
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
 from clawsup.supervisor.sandboxes.manager import SandboxManager
+from clawsup.supervisor.sandboxes.plans import workspace_plan
 from clawsup.supervisor.paths import StatePaths
 from clawsup.supervisor.sandboxes.registry import Registry
 from clawsup.supervisor.sandboxes.supervised import OutputSink, Timing
-from clawsup.supervisor.tools.workspaces import Workspaces, settings_from_config
+from clawsup.supervisor.tools.workspace_settings import settings_from_config
 
 SANDBOX_ID = "exec-run"
 
 
 @dataclass(frozen=True, kw_only=True)
 class OnceResult:
-    exit_code: int | None = None
-    signal: int | None = None
-    timed_out: bool = False
-    truncated: bool = False
-    duration_s: float = 0.0
+    """What `clawsup exec run` reports: the command's result, or the screen's rule
+    that refused it (then nothing ran, and `result` is empty)."""
+
+    result: ExecResult = field(default_factory=ExecResult)
     blocked_by: str | None = None
     segment: str | None = None
 
+    @property
+    def exit_code(self) -> int | None:
+        return self.result.exit_code
+
+    @property
+    def signal(self) -> int | None:
+        return self.result.signal
+
+    @property
+    def timed_out(self) -> bool:
+        return self.result.timed_out
+
     def to_json(self) -> dict[str, object]:
-        return {
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "timed_out": self.timed_out,
-            "truncated": self.truncated,
-            "duration_s": round(self.duration_s, 4),
-            "blocked_by": self.blocked_by,
-        }
+        return {**self.result.to_json(), "blocked_by": self.blocked_by}
 
 
 async def run_once(
@@ -73,10 +78,14 @@ async def run_once(
 ) -> OnceResult:
     settings = settings_from_config(cfg, source=source)
     if backend is not None:
+        try:
+            chosen = backend_named(backend)
+        except ValueError as bad:
+            raise ConfigError("--backend", [str(bad)]) from None
         # It may ask the docker engine: not on the loop.
-        if problem := await asyncio.to_thread(backend_problem, backend):
+        if problem := await asyncio.to_thread(backend_problem, chosen):
             raise ConfigError("--backend", [problem])
-        settings = replace(settings, backend=backend)
+        settings = replace(settings, backend=chosen)
     e = settings.exec
     settings = replace(settings, exec=replace(e, max_output_bytes=max_output or e.max_output_bytes))
     verdict = settings.screen.check(command)
@@ -112,8 +121,7 @@ async def run_once(
             user_for=user_for,
         )
         setid_before = await asyncio.to_thread(setid_files, workspace) if workspace is not None and os.geteuid() == 0 else None
-        workspaces = Workspaces(manager, settings)
-        sb = manager.add(workspaces.plan_for(SANDBOX_ID), workspace=workspace.resolve() if workspace else None)
+        sb = manager.add(workspace_plan(settings, SANDBOX_ID), workspace=workspace.resolve() if workspace else None)
         ready, stop = asyncio.Event(), asyncio.Event()
         result: ExecResult | None = None
         failure: ClawsupError | None = None
@@ -147,13 +155,7 @@ async def run_once(
         assert result is not None
         if result.error:
             raise ClawsupError(result.error)
-        return OnceResult(
-            exit_code=result.exit_code,
-            signal=result.signal,
-            timed_out=result.timed_out,
-            truncated=result.truncated,
-            duration_s=result.duration_s,
-        )
+        return OnceResult(result=result)
     finally:
         if manager is not None:
             await manager.aclose()

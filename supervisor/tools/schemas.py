@@ -253,7 +253,7 @@ def _dialect(schema: dict[str, Any]) -> type[Validator]:
     dialect = schema.get("$schema")
     if dialect is None:
         return DEFAULT_DIALECT
-    known = jsonschema.validators.validator_for(schema, default=None) if isinstance(dialect, str) else None  # type: ignore[arg-type]
+    known: type[Validator] | None = jsonschema.validators.validator_for(schema, default=None) if isinstance(dialect, str) else None
     if known is None:
         raise SchemaRefused(f"names {str(dialect)[:100]!r} in $schema, which is no JSON Schema draft clawsup knows; leave $schema out for Draft 2020-12")
     return known
@@ -272,10 +272,16 @@ def _check_against_draft(cls: type[Validator], schema: dict[str, Any]) -> None:
         raise SchemaRefused(f"is not a valid JSON Schema: {describe(error, root='(root)')}")
 
 
-@functools.cache
+_meta_validators: dict[type[Validator], Validator] = {}
+"""`_meta_validator`'s cache: one per draft. (A dict, not functools.cache: mypy takes
+jsonschema's untyped classes for unhashable.)"""
+
+
 def _meta_validator(cls: type[Validator]) -> Validator:
-    meta_cls = jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls)
-    return _bounded(meta_cls)(cls.META_SCHEMA, format_checker=meta_cls.FORMAT_CHECKER)
+    if (done := _meta_validators.get(cls)) is None:
+        meta_cls = jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls)
+        done = _meta_validators[cls] = _bounded(meta_cls)(cls.META_SCHEMA, format_checker=meta_cls.FORMAT_CHECKER)
+    return done
 
 
 def _takes_any_object(schema: dict[str, Any]) -> bool:
@@ -513,10 +519,15 @@ def _enum_of(original: Callable[..., Any]) -> Callable[..., Any]:
     return enum
 
 
-@functools.cache
+_bounded_classes: dict[type[Validator], type[Validator]] = {}
+"""`_bounded`'s cache: one per draft (see `_meta_validators`)."""
+
+
 def _bounded(cls: type[Validator]) -> type[Validator]:
     """`cls` with every keyword function behind the running check's deadline, and the
     ones whose own cost has no bound in jsonschema replaced."""
+    if (done := _bounded_classes.get(cls)) is not None:
+        return done
     own: dict[str, Callable[..., Any]] = {
         "pattern": _pattern,
         "patternProperties": _pattern_properties,
@@ -526,7 +537,9 @@ def _bounded(cls: type[Validator]) -> type[Validator]:
     keywords = {k: _deadlined(own.get(k, fn)) for k, fn in cls.VALIDATORS.items()}
     if "enum" in cls.VALIDATORS:
         keywords["enum"] = _deadlined(_enum_of(cls.VALIDATORS["enum"]))
-    return jsonschema.validators.extend(cls, keywords)  # type: ignore[no-any-return]
+    bounded: type[Validator] = jsonschema.validators.extend(cls, keywords)
+    _bounded_classes[cls] = bounded
+    return bounded
 
 
 def _key(value: Any) -> Any:

@@ -1,15 +1,16 @@
-"""The core tools that act on a workspace (`exec`, `read`, `write`, `edit`,
-`list_dir`, OpenClaw's names, so `group:fs` and `group:runtime` carry over) and the
-workspace sandboxes they run in.
+"""The workspace sandboxes: the children the core tools run in
+(supervisor/tools/core.py), one per agent, per session or shared (the configured
+scope), each created and started on first use and, under `scope: "session"`,
+discarded when idle.
 
-The supervisor owns these registrations (owner `core`): they stay registered while a
-workspace sandbox restarts, and a call meanwhile gets `SandboxUnavailable`. Which
-sandbox serves a call follows from who is calling (the agent, the session) and the
-configured scope, never from the tool's arguments: the model cannot pick a workspace
-or an identity. Arguments are checked here, at the edge, by pydantic; `exec`
-commands are screened here (supervisor/tools/exec_screen.py) before anything is sent.
+Which sandbox serves a call follows from who is calling (the agent, the session) and
+the scope, never from the tool's arguments: the model cannot pick a workspace or an
+identity. `exec` commands are screened here (supervisor/tools/exec_screen.py) before
+anything is sent.
 
-Created by the gateway (and by `clawsup exec run`); lives as long as the manager.
+Created by the gateway after the set of sandboxes it adds its own to (the manager,
+seen through `SandboxSet`); lives as long as that. `clawsup exec run` needs none of
+this: it runs one workspace plan (supervisor/tools/exec_once.py).
 """
 
 from __future__ import annotations
@@ -20,25 +21,18 @@ import enum
 import hashlib
 import json
 import re
-import signal
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from loguru import logger
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from clawsup.sandbox.launch.backends import backend_problem, first_isolating
-from clawsup.sandbox.launch.launcher import Limits, MiB
-from clawsup.sandbox.manifest import format_validation_error
-from clawsup.supervisor.config import ClawsupConfig
-from clawsup.supervisor.errors import BadToolArguments, ConfigError, ExecBlocked, SandboxUnavailable
-from clawsup.supervisor.tools.exec_screen import ExecScreen
-from clawsup.supervisor.sandboxes.plans import SandboxPlan, restart_policy, workspace_plan
-from clawsup.supervisor.sandboxes.host_client import ExecResult
-from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy, SandboxState
-from clawsup.supervisor.sandboxes.registry import CORE_OWNER, Kind, Registration, Registry
+from clawsup.supervisor.errors import BadToolArguments, ExecBlocked, SandboxUnavailable
+from clawsup.supervisor.sandboxes.lifecycle import SandboxState
+from clawsup.supervisor.sandboxes.plans import SandboxPlan, workspace_plan
 from clawsup.supervisor.sandboxes.supervised import SETTLED, OutputSink, SupervisedSandbox, ToolResult
+from clawsup.supervisor.tools.core import CORE_TOOLS, ExecArgs
+from clawsup.supervisor.tools.workspace_settings import WorkspaceScope, WorkspaceSettings
 
 DEFAULT_AGENT = "main"
 IDLE_STOP_TIMEOUT_S = 10.0
@@ -49,101 +43,11 @@ well under a second. A wedged one takes the Shutdown RPC's bound and two stop gr
 ends the wait first (tests/test_workspace_scope.py runs one at 60 s)."""
 
 
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class ExecArgs(_Args):
-    command: str = Field(min_length=1, max_length=100_000, description="A shell command, run with /bin/sh -c in the workspace.")
-    workdir: str | None = Field(default=None, description="A folder inside the workspace to run in (default: the workspace).")
-    timeout: float | None = Field(default=None, gt=0, description="Seconds before the command is stopped (default 60).")
-
-
-class ReadArgs(_Args):
-    path: str = Field(min_length=1)
-    offset: int | None = Field(default=None, ge=1)
-    limit: int | None = Field(default=None, ge=1)
-
-
-class WriteArgs(_Args):
-    path: str = Field(min_length=1)
-    content: str
-
-
-class EditArgs(_Args):
-    path: str = Field(min_length=1)
-    old_string: str = Field(min_length=1)
-    new_string: str
-
-
-class ListDirArgs(_Args):
-    path: str = "."
-
-
-@dataclass(frozen=True)
-class CoreTool:
-    name: str
-    description: str
-    args: type[_Args]
-
-
-CORE_TOOLS: dict[str, CoreTool] = {
-    t.name: t
-    for t in (
-        CoreTool(
-            "exec",
-            "Run a shell command in your workspace sandbox. Returns its output (head and tail when long), exit code "
-            "or signal, and whether it timed out. Dangerous commands are refused before they run.",
-            ExecArgs,
-        ),
-        CoreTool("read", "Read a text file of the workspace. Long files: pass offset (first line, 1-based) and limit (lines).", ReadArgs),
-        CoreTool("write", "Create or overwrite a file in the workspace; missing parent folders are created.", WriteArgs),
-        CoreTool("edit", "Replace one exact, unique occurrence of old_string with new_string in a workspace file.", EditArgs),
-        CoreTool("list_dir", "List a folder of the workspace: names, types, and sizes of files.", ListDirArgs),
-    )
-}
-
-
-def register_core_tools(registry: Registry) -> None:
-    for t in CORE_TOOLS.values():
-        schema = t.args.model_json_schema()
-        schema.pop("title", None)
-        registry.register(
-            Registration(kind=Kind.TOOL, name=t.name, owner=CORE_OWNER, sandbox_id=None, description=t.description, input_schema=schema)
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExecSettings:
-    timeout_s: float = 60.0
-    max_timeout_s: float = 600.0
-    max_output_bytes: int = 64 * 1024
-    kill_grace_s: float = 2.0
-    shell: str = "/bin/sh"
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkspaceSettings:
-    scope: str = "agent"
-    backend: str = "process"
-    network: bool = False
-    limits: Limits = field(default_factory=lambda: Limits(memory_bytes=1024 * MiB, max_processes=256, cpu_seconds=3600, max_file_size_bytes=256 * MiB))
-    restart: RestartPolicy = field(default_factory=RestartPolicy)
-    exec: ExecSettings = field(default_factory=ExecSettings)
-    screen: ExecScreen = field(default_factory=ExecScreen)
-    read_max_bytes: int = 256 * 1024
-    idle_stop_s: float = 600.0
-    protected_paths: tuple[str, ...] = ()
-    unisolated: str = ""
-    """Why the model's commands run on the process backend (the fallback was taken),
-    said at start and in `clawsup status`; empty when they are isolated."""
-
-
 SESSION_SANDBOX = re.compile(r"workspace-.+-s[0-9a-f]{12}")
 """The ids `workspace_sandbox_id` gives a session's own workspace sandbox."""
 
 
-def workspace_sandbox_id(scope: str, agent: str, session: str | None) -> str:
+def workspace_sandbox_id(scope: WorkspaceScope, agent: str, session: str | None) -> str:
     if scope == "shared":
         return "workspace"
     if scope == "session" and session:
@@ -159,6 +63,18 @@ def _slug(s: str) -> str:
     if safe == s and len(s) <= 40:
         return s
     return f"{safe[:31]}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
+
+
+class SandboxSet(Protocol):
+    """What the workspaces need of the set of sandboxes (supervisor/sandboxes/manager.py):
+    to find one, to add one while serving, and to discard one."""
+
+    @property
+    def sandboxes(self) -> Mapping[str, SupervisedSandbox]: ...
+
+    async def add_running(self, plan: SandboxPlan) -> SupervisedSandbox: ...
+
+    async def discard(self, sb: SupervisedSandbox, reason: str, timeout: float) -> None: ...
 
 
 class _Phase(enum.Enum):
@@ -184,7 +100,8 @@ class _Use:
 
 class Workspaces:
     """Routes core tool calls to the right workspace sandbox, creating and starting
-    it on first use (through the manager, which supervises it like any sandbox).
+    it on first use (through `sandboxes`, the manager, which supervises it like any
+    sandbox).
 
     Under `scope: "session"` a sandbox nobody called for `idle_stop_s` is discarded:
     its supervision, log file and status row go, its workspace files stay, and the
@@ -198,15 +115,16 @@ class Workspaces:
     (tests/test_workspace_scope.py). Created by the gateway; `discard_idle()` runs
     in the gateway's task group until `close()`."""
 
-    def __init__(self, manager: Any, settings: WorkspaceSettings) -> None:
-        self._manager = manager
+    def __init__(self, sandboxes: SandboxSet, settings: WorkspaceSettings) -> None:
+        self._set = sandboxes
         self.settings = settings
         self._uses: dict[str, _Use] = {}
         self._wake = asyncio.Event()
         """Set when a call ends while the idle loop has no deadline to wait for."""
         self._deadline: float | None = None
         """When the idle loop wakes next (loop time); None: only when woken."""
-        self._closed = False
+        self._closed = asyncio.Event()
+        """Set by `close()`: `discard_idle` ends."""
 
     def plan_for(self, sandbox_id: str) -> SandboxPlan:
         return workspace_plan(self.settings, sandbox_id)
@@ -261,9 +179,9 @@ class Workspaces:
             self._wake.set()
 
     async def _started(self, sid: str, start_timeout: float) -> SupervisedSandbox:
-        sb = self._manager.sandboxes.get(sid)
+        sb = self._set.sandboxes.get(sid)
         if sb is None:
-            sb = await self._manager.add_running(self.plan_for(sid))
+            sb = await self._set.add_running(self.plan_for(sid))
         if sb.lc.state is SandboxState.STOPPED:
             await sb.start(start_timeout)
         elif sb.lc.state is SandboxState.STARTING:
@@ -281,8 +199,7 @@ class Workspaces:
         on_output: OutputSink | None,
         sandbox_id: str | None = None,
     ) -> ToolResult:
-        tool = CORE_TOOLS[name]
-        parsed = _parse_args(tool, args)
+        parsed = CORE_TOOLS[name].parse(args)
         if isinstance(parsed, ExecArgs):
             return await self._exec(parsed, agent=agent, session=session, pinned=sandbox_id, on_output=on_output)
         async with self.using(agent, session, pinned=sandbox_id) as sb:
@@ -293,7 +210,7 @@ class Workspaces:
         if not verdict.allowed:
             assert verdict.rule is not None and verdict.segment is not None
             logger.info("exec refused by rule {!r}: {!r}", verdict.rule, verdict.segment)
-            sb = self._manager.sandboxes.get(sandbox_id)
+            sb = self._set.sandboxes.get(sandbox_id)
             if sb is not None:
                 sb.log.event(f"exec {_short(command)}: refused by rule {verdict.rule!r} ({verdict.segment!r}); nothing ran")
             raise ExecBlocked(verdict.rule, verdict.segment, verdict.explain())
@@ -320,18 +237,10 @@ class Workspaces:
                 kill_grace=e.kill_grace_s,
                 on_output=sink,
             )
-            sb.log.event(f"exec {_short(a.command)}: {_describe(r)}")
+            sb.log.event(f"exec {_short(a.command)}: {r.describe()}")
         if r.error:
             raise BadToolArguments("exec", r.error)
-        out = {
-            "output": b"".join(chunks).decode("utf-8", errors="replace"),
-            "exit_code": r.exit_code,
-            "signal": r.signal,
-            "timed_out": r.timed_out,
-            "truncated": r.truncated,
-            "duration_s": round(r.duration_s, 4),
-            "output_bytes": r.output_bytes,
-        }
+        out = {"output": b"".join(chunks).decode("utf-8", errors="replace"), **r.to_json()}
         return ToolResult(text=json.dumps(out), is_json=True)
 
     async def discard_idle(self) -> None:
@@ -340,20 +249,20 @@ class Workspaces:
         the first sandbox could be idle, or until a call ends while none could; no
         polling."""
         async with asyncio.TaskGroup() as tg:
-            while not self._closed:
+            while not self._closed.is_set():
                 self._deadline = self._next_idle()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout_at(self._deadline):
                         await self._wake.wait()
-                if self._closed:
+                if self._closed.is_set():
                     break
                 for sid, use in self._take_idle():
                     tg.create_task(self._discard(sid, use), name=f"discard idle {sid}")
 
     def close(self) -> None:
         """Ends `discard_idle` once the discards under way are over (they are bounded)."""
-        self._closed = True
+        self._closed.set()
         self._wake.set()
 
     def _next_idle(self) -> float | None:
@@ -371,9 +280,9 @@ class Workspaces:
 
     async def _discard(self, sid: str, use: _Use) -> None:
         try:
-            sb = self._manager.sandboxes.get(sid)
+            sb = self._set.sandboxes.get(sid)
             if sb is not None:
-                await self._manager.discard(sb, f"idle for {self.settings.idle_stop_s:g} s", IDLE_STOP_TIMEOUT_S)
+                await self._set.discard(sb, f"idle for {self.settings.idle_stop_s:g} s", IDLE_STOP_TIMEOUT_S)
                 logger.info("{}: discarded after {:g} s idle; its workspace files stay for its next call", sid, self.settings.idle_stop_s)
         except Exception:
             logger.exception("{}: discarding it after its idle time failed; its next call starts a new one", sid)
@@ -386,92 +295,3 @@ class Workspaces:
 def _short(command: str) -> str:
     one = " ".join(command.split())
     return repr(one if len(one) <= 200 else one[:200] + "…")
-
-
-def _describe(r: ExecResult) -> str:
-    """For `clawsup logs <workspace sandbox>`: what became of a command."""
-    if r.error:
-        return f"not started: {r.error}"
-    if r.signal is not None:
-        try:
-            how = f"killed by {signal.Signals(r.signal).name}"
-        except ValueError:
-            how = f"killed by signal {r.signal}"
-    else:
-        how = f"exit {r.exit_code}"
-    extra = (", timed out" if r.timed_out else "") + (f", output cut ({r.output_bytes} bytes)" if r.truncated else "")
-    return f"{how} after {r.duration_s:.3f} s{extra}"
-
-
-def _parse_args(tool: CoreTool, args: dict[str, Any] | str) -> _Args:
-    try:
-        if isinstance(args, str):
-            return tool.args.model_validate_json(args or "{}")
-        return tool.args.model_validate(args)
-    except ValidationError as e:
-        raise BadToolArguments(tool.name, format_validation_error(e)) from None
-
-
-def settings_from_config(cfg: ClawsupConfig, *, source: str) -> WorkspaceSettings:
-    """Resolves `agents.defaults.sandbox` and `tools` into settings; `auto` becomes
-    bwrap where bwrap works, else process (with a warning, since the process backend
-    is no security boundary)."""
-    a = cfg.agents.defaults.sandbox
-    backend, unisolated = resolve_backend(a.backend, "agents.defaults.sandbox.backend", "exec and file tools", source=source, fallback=a.process_fallback)
-    e = cfg.tools.exec
-    d = cfg.sandbox.defaults
-    return WorkspaceSettings(
-        scope=a.scope,
-        backend=backend,
-        network=a.network,
-        limits=Limits(
-            memory_bytes=a.memory_mb * MiB,
-            max_processes=a.max_processes,
-            cpu_seconds=a.cpu_seconds,
-            max_file_size_bytes=a.max_file_size_mb * MiB,
-            max_open_files=max(d.max_open_files, 1024),
-            workspace_bytes=a.max_workspace_mb * MiB,
-            tmp_bytes=a.tmp_mb * MiB,
-        ),
-        restart=restart_policy(d.restart)[0],
-        exec=ExecSettings(
-            timeout_s=min(e.timeout_seconds, e.max_timeout_seconds),
-            max_timeout_s=e.max_timeout_seconds,
-            max_output_bytes=e.max_output_bytes,
-            kill_grace_s=e.kill_grace_seconds,
-            shell=e.shell,
-        ),
-        screen=screen_from_config(cfg),
-        read_max_bytes=cfg.tools.fs.read_max_bytes,
-        idle_stop_s=a.idle_stop_seconds,
-        protected_paths=tuple(cfg.sandbox.protected_paths),
-        unisolated=unisolated,
-    )
-
-
-def resolve_backend(backend: str, key: str, what: str, *, source: str, fallback: bool = False) -> tuple[str, str]:
-    """The backend for sandboxes that run model-written commands, and, when it is
-    `process`, why (said at start and in status). `auto` takes bwrap, else docker;
-    the process backend only where `fallback` allows it, never silently. A named
-    backend that cannot work here, or no isolating one without the fallback, is a
-    config error that names the ways out."""
-    if backend != "auto":
-        if problem := backend_problem(backend):
-            raise ConfigError(source, [f"{key}: {problem}"])
-        return backend, ("configured" if backend == "process" else "")
-    isolating, why = first_isolating()
-    if isolating is not None:
-        return isolating, ""
-    if not fallback:
-        raise ConfigError(source, [
-            f"{key}: {what} need an isolating backend and none works here ({why}). Install bubblewrap "
-            "(apt-get install bubblewrap) or start a Docker engine with the sandbox image (scripts/build-sandbox-image); "
-            f"or accept unconfined commands with {key.rsplit('.', 1)[0]}.processFallback: true"
-        ])  # fmt: skip
-    logger.warning("{} run under the process backend, which is NOT a security boundary ({}); install bubblewrap to contain them", what, why)
-    return "process", why
-
-
-def screen_from_config(cfg: ClawsupConfig) -> ExecScreen:
-    e = cfg.tools.exec
-    return ExecScreen.build(use_defaults=e.deny_defaults, deny={k: p.pattern for k, p in e.deny.items()}, allow=[p.pattern for p in e.allow])

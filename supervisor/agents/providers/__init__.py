@@ -1,22 +1,21 @@
-"""Model providers behind one small interface. The agent loop speaks a neutral message
-shape; each provider translates it to its wire format with the provider's own SDK
-(no framework between the loop and the SDKs).
-
-Neutral messages:
-  {"role": "user", "text": ...}
-  {"role": "assistant", "text": ..., "toolCalls": [{"id", "name", "args"}]}
-  {"role": "tool", "toolCallId", "name", "content", "isError"}
+"""Model providers behind one small interface. The agent loop speaks its typed
+messages (clawsup.sandbox.agent_loop: user, assistant with tool calls, tool result);
+each provider translates them to its wire format with the provider's own SDK (no
+framework between the loop and the SDKs), in one function of its module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from clawsup.sandbox.agent_loop import AssistantMessage, Message, ToolCall
 from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.sandboxes.registry import Kind, Registry
 from clawsup.supervisor.tools.spec import ToolSpec
+
+__all__ = ["ModelReply", "Provider", "ProviderError", "TextSink", "ToolCall", "TurnContext", "Usage", "tool_specs"]
 
 
 def tool_specs(registry: Registry, names: Iterable[str]) -> list[ToolSpec]:
@@ -27,13 +26,6 @@ def tool_specs(registry: Registry, names: Iterable[str]) -> list[ToolSpec]:
         if reg is not None:
             out.append(ToolSpec(name=reg.name, description=reg.description, input_schema=reg.input_schema))
     return out
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    args: dict[str, Any]
 
 
 @dataclass
@@ -54,6 +46,9 @@ class ModelReply:
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+
+    def said(self) -> AssistantMessage:
+        return AssistantMessage(self.text, tuple(self.tool_calls))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,4 +72,4 @@ class ProviderError(ClawsupError):
 class Provider(Protocol):
     name: str
 
-    async def complete(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply: ...
+    async def complete(self, ctx: TurnContext, messages: Sequence[Message], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply: ...

@@ -4,10 +4,12 @@ SDK retries rate limits and overload with backoff (`maxRetries`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import anthropic
 
+from clawsup.sandbox.agent_loop import AssistantMessage, Message, UserMessage
 from clawsup.supervisor.tools.spec import ToolSpec
 from clawsup.supervisor.agents.providers import ModelReply, ProviderError, TextSink, ToolCall, TurnContext, Usage
 
@@ -19,7 +21,7 @@ class AnthropicProvider:
         self.max_tokens = max_tokens
         self.client = anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout_s)
 
-    async def complete(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply:
+    async def complete(self, ctx: TurnContext, messages: Sequence[Message], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply:
         kwargs: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "system": ctx.system, "messages": to_anthropic(messages)}
         if tools:
             kwargs["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.input_schema or {"type": "object"}} for t in tools]
@@ -42,8 +44,8 @@ class AnthropicProvider:
         return reply
 
 
-def to_anthropic(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Neutral messages to Messages API turns: roles alternate, tool results travel in
+def to_anthropic(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The loop's messages to Messages API turns: roles alternate, tool results travel in
     a user turn as `tool_result` blocks."""
     out: list[dict[str, Any]] = []
 
@@ -54,19 +56,19 @@ def to_anthropic(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"role": role, "content": blocks})
 
     for m in messages:
-        if m["role"] == "user":
-            add("user", [{"type": "text", "text": m["text"]}])
-        elif m["role"] == "assistant":
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": m["text"]}] if m.get("text") else []
-            blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"], "input": c["args"]} for c in m.get("toolCalls", [])]
+        if isinstance(m, UserMessage):
+            add("user", [{"type": "text", "text": m.text}])
+        elif isinstance(m, AssistantMessage):
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": m.text}] if m.text else []
+            blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.args} for c in m.tool_calls]
             if blocks:
                 add("assistant", blocks)
-        elif m["role"] == "tool":
-            add("user", [{"type": "tool_result", "tool_use_id": m["toolCallId"], "content": m["content"], "is_error": bool(m.get("isError"))}])
+        else:
+            add("user", [{"type": "tool_result", "tool_use_id": m.call_id, "content": m.content, "is_error": m.is_error}])
     return out
 
 
 def _message(e: anthropic.APIStatusError) -> str:
     body = e.body if isinstance(e.body, dict) else {}
-    err = body.get("error") if isinstance(body.get("error"), dict) else {}
-    return str(err.get("message") or e.message)
+    err = body.get("error")
+    return str((err.get("message") if isinstance(err, dict) else None) or e.message)

@@ -5,8 +5,10 @@ marked in its text, since the OpenAI format has no error flag."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
+from clawsup.sandbox.agent_loop import AssistantMessage, Message, UserMessage
 from clawsup.supervisor.tools.spec import ToolSpec
 from clawsup.supervisor.agents.providers import ModelReply, ProviderError, TextSink, ToolCall, TurnContext, Usage
 
@@ -21,7 +23,7 @@ class LiteLLMProvider:
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
 
-    async def complete(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply:
+    async def complete(self, ctx: TurnContext, messages: Sequence[Message], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply:
         import litellm  # slow to import (about a second): only when a model needs it
 
         kwargs: dict[str, Any] = {
@@ -60,7 +62,7 @@ class LiteLLMProvider:
                     if tc.function is not None:
                         c["name"] = tc.function.name or c["name"]
                         c["args"] += tc.function.arguments or ""
-        except litellm.exceptions.APIError as e:  # type: ignore[attr-defined]
+        except litellm.exceptions.APIError as e:
             raise ProviderError(f"{self.name}: {type(e).__name__}: {getattr(e, 'message', e)}") from None
         except Exception as e:
             if type(e).__module__.startswith("litellm"):
@@ -75,17 +77,17 @@ class LiteLLMProvider:
         return reply
 
 
-def to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def to_openai(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The loop's messages to OpenAI-style chat messages."""
     out: list[dict[str, Any]] = []
     for m in messages:
-        if m["role"] == "user":
-            out.append({"role": "user", "content": m["text"]})
-        elif m["role"] == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": m.get("text") or None}
-            if m.get("toolCalls"):
-                msg["tool_calls"] = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["args"])}} for c in m["toolCalls"]]
+        if isinstance(m, UserMessage):
+            out.append({"role": "user", "content": m.text})
+        elif isinstance(m, AssistantMessage):
+            msg: dict[str, Any] = {"role": "assistant", "content": m.text or None}
+            if m.tool_calls:
+                msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.args)}} for c in m.tool_calls]
             out.append(msg)
-        elif m["role"] == "tool":
-            content = m["content"]
-            out.append({"role": "tool", "tool_call_id": m["toolCallId"], "content": f"ERROR: {content}" if m.get("isError") else content})
+        else:
+            out.append({"role": "tool", "tool_call_id": m.call_id, "content": f"ERROR: {m.content}" if m.is_error else m.content})
     return out

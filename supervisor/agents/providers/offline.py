@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Sequence
 
+from clawsup.sandbox.agent_loop import AssistantMessage, Message, ToolResult, UserMessage, message_json
 from clawsup.supervisor.tools.spec import ToolSpec
 from clawsup.supervisor.agents.providers import ModelReply, TextSink, ToolCall, TurnContext, Usage
 
@@ -21,26 +22,26 @@ NAME = "offline"
 class OfflineProvider:
     name = NAME
 
-    async def complete(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply:
+    async def complete(self, ctx: TurnContext, messages: Sequence[Message], tools: list[ToolSpec], on_text: TextSink | None = None) -> ModelReply:
         reply = await self._answer(ctx, messages, tools, on_text)
-        read = len(ctx.system) + sum(len(json.dumps(m)) for m in messages) + sum(len(t.name) + len(t.description) for t in tools)
+        read = len(ctx.system) + sum(len(json.dumps(message_json(m))) for m in messages) + sum(len(t.name) + len(t.description) for t in tools)
         wrote = len(reply.text) + sum(len(c.name) + len(json.dumps(c.args)) for c in reply.tool_calls)
         reply.usage = Usage(-(-read // 4), -(-wrote // 4))
         return reply
 
-    async def _answer(self, ctx: TurnContext, messages: list[dict[str, Any]], tools: list[ToolSpec], on_text: TextSink | None) -> ModelReply:
-        last = messages[-1] if messages else {"role": "user", "text": ""}
-        if last["role"] == "tool":
-            results = []
+    async def _answer(self, ctx: TurnContext, messages: Sequence[Message], tools: list[ToolSpec], on_text: TextSink | None) -> ModelReply:
+        last = messages[-1] if messages else UserMessage("")
+        if isinstance(last, ToolResult):
+            results: list[ToolResult] = []
             for m in reversed(messages):
-                if m["role"] != "tool":
+                if not isinstance(m, ToolResult):
                     break
                 results.insert(0, m)
-            lines = [f"{r['name']} {'failed' if r.get('isError') else 'returned'}: {r['content']}" for r in results]
+            lines = [f"{r.name} {'failed' if r.is_error else 'returned'}: {r.content}" for r in results]
             return await _say("\n".join(lines), on_text)
-        if last["role"] == "user" and last.get("warning"):
-            return await _say(f"stopping: {last['text']}", on_text)
-        text = (last.get("text") or "").strip()
+        if isinstance(last, UserMessage) and last.kind == "warning":
+            return await _say(f"stopping: {last.text}", on_text)
+        text = last.text.strip()
         slept = await sleep_turn(text, ctx.agent_id, ctx.session_key, ctx.notify)
         if slept is not None:
             return await _say(slept, on_text)
@@ -54,7 +55,7 @@ class OfflineProvider:
                 return await _say(f"those arguments are not JSON ({e.msg}); usage: /tool NAME {{json}}", on_text)
             if not isinstance(args, dict):
                 return await _say("the arguments must be a JSON object", on_text)
-            n = sum(1 for m in messages if m["role"] == "assistant" and m.get("toolCalls"))
+            n = sum(1 for m in messages if isinstance(m, AssistantMessage) and m.tool_calls)
             return ModelReply(tool_calls=[ToolCall(id=f"offline-{n + 1}", name=parts[1], args=args)])
         names = ", ".join(t.name for t in tools) or "none"
         return await _say(

@@ -49,8 +49,10 @@ class _Refused(asyncio.Protocol):
     """A connection past `channels.http.maxConnections`: closed as it comes."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.abort()
-KEEPALIVE_S = 15.0
+        if isinstance(transport, asyncio.WriteTransport):
+            transport.abort()
+        else:
+            transport.close()
 
 
 class _PeerIn(BaseModel):

@@ -1,0 +1,84 @@
+"""Where a tool call is dispatched: the one path every tool call takes (the CLI's,
+through the control API; the agent loop's; a subagent run's).
+
+A name goes to its registration: a core tool to its workspace sandbox
+(supervisor/tools/workspaces.py), a plugin's tool to the sandbox that registered it.
+The arguments are checked against the tool's schema before either
+(supervisor/tools/arguments.py): a call that does not fit never reaches a handler.
+A declared tool whose sandbox is not ready says so, with its last exit.
+
+Created by the gateway (and by scripts/bench.py) once the set of sandboxes and the
+workspaces exist; lives as long as they do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from clawsup.supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound
+from clawsup.supervisor.sandboxes.lifecycle import SandboxState
+from clawsup.supervisor.sandboxes.registry import Kind, Registry
+from clawsup.supervisor.sandboxes.supervised import OutputSink, SupervisedSandbox, ToolResult
+from clawsup.supervisor.tools.arguments import check_arguments_async
+from clawsup.supervisor.tools.core import CORE_TOOLS
+from clawsup.supervisor.tools.workspaces import Workspaces
+
+
+class ToolSandboxes(Protocol):
+    """What dispatch needs of the set of sandboxes (supervisor/sandboxes/manager.py):
+    who holds each tool name, and the sandboxes by id."""
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def sandboxes(self) -> Mapping[str, SupervisedSandbox]: ...
+
+
+class ToolDispatcher:
+    def __init__(self, sandboxes: ToolSandboxes, workspaces: Workspaces | None) -> None:
+        """`workspaces` None: no core tool can run (a supervisor of plugins only, as in
+        scripts/bench.py)."""
+        self._sandboxes = sandboxes
+        self._workspaces = workspaces
+
+    @property
+    def registry(self) -> Registry:
+        """Every tool that may be called, with its owner and schema."""
+        return self._sandboxes.registry
+
+    async def invoke(
+        self,
+        name: str,
+        args: dict[str, Any] | str,
+        timeout: float | None = None,
+        *,
+        agent: str | None = None,
+        session: str | None = None,
+        workspace: str | None = None,
+        on_output: OutputSink | None = None,
+    ) -> ToolResult:
+        """One tool call. `agent` and `session` say who calls (from the caller's
+        context, never from the model's arguments); they pick the workspace sandbox
+        of the core tools, unless the supervisor names one (`workspace`: a subagent
+        run's own)."""
+        reg = self.registry.get(Kind.TOOL, name)
+        if reg is None:
+            for sb in self._sandboxes.sandboxes.values():
+                if name in sb.plan.declared_tools and sb.lc.state is not SandboxState.READY:
+                    detail = f"last exit: {sb.lc.last_exit.describe()}" if sb.lc.last_exit else ""
+                    raise SandboxUnavailable(sb.id, sb.plan.plugin_id, sb.lc.state.value, detail)
+            raise ToolNotFound(name, [r.name for r in self.registry.tools()])
+        if reg.sandbox_id is None:
+            if name not in CORE_TOOLS:
+                raise ToolFailed(name, reg.owner, "not_routable", "it acts for a session, so only an agent turn can call it")
+            if self._workspaces is None:
+                raise ToolFailed(name, reg.owner, "not_routable", "this core tool has no sandbox to run in")
+            await check_arguments_async(reg, args)
+            return await self._workspaces.call(name, args, agent=agent, session=session, sandbox_id=workspace, timeout=timeout, on_output=on_output)
+        await check_arguments_async(reg, args)  # before dispatch: a call that does not fit never reaches its handler
+        sb = self._sandboxes.sandboxes[reg.sandbox_id]
+        args_json = args if isinstance(args, str) else json.dumps(args)
+        return await sb.invoke(name, args_json, timeout)
