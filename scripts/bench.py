@@ -85,12 +85,13 @@ from clawsup.sandbox.launch.cgroup import CgroupRoot  # noqa: E402
 from clawsup.sandbox.launch.launcher import Limits, MiB  # noqa: E402
 from clawsup.sandbox.launch.bwrap import BwrapLauncher, bwrap_problem  # noqa: E402
 from clawsup.sandbox.launch.process import ProcessLauncher, Warden  # noqa: E402
-from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy, SandboxState, Transition  # noqa: E402
+from clawsup.supervisor.sandboxes.lifecycle import SandboxState, Transition  # noqa: E402
+from clawsup.supervisor.sandboxes.restarts import RestartPolicy  # noqa: E402
 from clawsup.supervisor.sandboxes.manager import SandboxManager  # noqa: E402
 from clawsup.supervisor.paths import StatePaths  # noqa: E402
 from clawsup.supervisor.sandboxes.registry import Registry  # noqa: E402
 from clawsup.supervisor.sandboxes.plans import SandboxPlan  # noqa: E402
-from clawsup.supervisor.sandboxes.supervised import Timing  # noqa: E402
+from clawsup.supervisor.sandboxes.incarnation import Timing  # noqa: E402
 from clawsup.supervisor.tools.core import CORE_TOOLS, register_core_tools  # noqa: E402
 from clawsup.supervisor.tools.dispatch import ToolDispatcher  # noqa: E402
 from clawsup.supervisor.tools.workspace_settings import WorkspaceSettings  # noqa: E402

@@ -173,7 +173,7 @@ class SandboxDefaults(_Model):
     tmp_mb: TmpMb = 64
     """The size of a plugin's private /tmp and /dev/shm (bwrap, docker)."""
     restart: RestartGrant = Field(default_factory=RestartGrant)
-    """Unset keys take RestartPolicy's defaults (supervisor/sandboxes/lifecycle.py),
+    """Unset keys take RestartPolicy's defaults (supervisor/sandboxes/restarts.py),
     their one source."""
 
 

@@ -23,12 +23,14 @@ from pathlib import Path
 import pytest
 
 from clawsup.sandbox.launch.launcher import ExitStatus, LaunchSpec, Limits
+from clawsup.supervisor.sandboxes.bring_up import SandboxDirs
+from clawsup.supervisor.sandboxes.incarnation import Timing
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
 from clawsup.supervisor.sandboxes.log import SandboxLog
 from clawsup.supervisor.sandboxes.plans import SandboxPlan
 from clawsup.supervisor.sandboxes.registry import Registry
 from clawsup.supervisor.sandboxes.restarts import RestartPolicy
-from clawsup.supervisor.sandboxes.supervised import SandboxDirs, SupervisedSandbox, Timing
+from clawsup.supervisor.sandboxes.supervised import SupervisedSandbox
 
 S = SandboxState
 # Bounds for waiting on the driver, which answers within a few loop turns; never

@@ -25,7 +25,8 @@ from typing import Literal, Protocol
 
 from loguru import logger
 
-from clawsup.sandbox.launch.launcher import ChildUser
+from clawsup.sandbox.handshake import SandboxRole
+from clawsup.sandbox.launch.launcher import Backend, ChildUser
 from clawsup.sandbox.launch.uids import SandboxUids
 from clawsup.supervisor.errors import ConfigError
 from clawsup.supervisor.paths import StatePaths
@@ -59,9 +60,9 @@ class Planned(Protocol):
     @property
     def sandbox_id(self) -> str: ...
     @property
-    def backend(self) -> str: ...
+    def backend(self) -> Backend: ...
     @property
-    def role(self) -> str: ...
+    def role(self) -> SandboxRole: ...
     @property
     def trusted(self) -> bool: ...
     @property

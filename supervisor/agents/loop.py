@@ -34,7 +34,7 @@ from loguru import logger
 
 from clawsup.sandbox import agent_loop
 from clawsup.sandbox.agent_loop import AssistantMessage, Message, ModelTurn, Stop, ToolCall, ToolResult, UserMessage, message_from_json, message_json
-from clawsup.supervisor.agents.loop_detection import STOPPED, WARNING, LoopWatch
+from clawsup.supervisor.agents.loop_detection import STOPPED, LoopWatch
 from clawsup.supervisor.agents.models import Models
 from clawsup.supervisor.agents.providers import Provider, ProviderError, TurnContext, Usage, tool_specs
 from clawsup.supervisor.agents.runs import Origin
@@ -133,7 +133,8 @@ class AgentLoop:
             return await self._turn(route, message, progress, history)
         except BaseException:
             # Stopped or failed halfway: what the file says of this turn is what the
-            # dispatcher wrote, so the next turn reads it from there.
+            # session lanes (supervisor/messages/lanes.py) and `_record` wrote, so the
+            # next turn reads it from there.
             self._histories.pop(route.session_key, None)
             raise
 
@@ -246,11 +247,10 @@ class _Turn:
         await self._loop.store.append(self._route.session_key, {**message_json(m), "inReplyTo": self._message.id, "ts": time.time(), **extra})
 
     async def complete(self, messages: Sequence[Message]) -> ModelTurn:
-        verdict = self.loops.verdict()
-        if verdict == "stop":
+        inserted = self.loops.before_model_call()
+        if inserted is None:
             logger.warning("{}: turn stopped by loop detection", self._route.session_key)
             raise Stop(f"stopped: {STOPPED}; try asking differently.")
-        inserted = (UserMessage(WARNING, "warning"),) if verdict == "warn" else ()
         self._decision = decision = self._loop.policy_for(self._route, self._message)
         specs = tool_specs(self._tools.registry, decision.tools)
         try:

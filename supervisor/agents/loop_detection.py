@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from clawsup.sandbox.agent_loop import UserMessage
 from clawsup.supervisor.config import LoopDetectionConfig
 
 WARNING = "You are repeating the same tool call with the same result. Change approach or answer with what you have."
@@ -42,3 +43,11 @@ class LoopWatch:
             self.warned = True
             return "warn"
         return ""
+
+    def before_model_call(self) -> tuple[UserMessage, ...] | None:
+        """What the next model call of the turn (or run) is given besides its
+        messages: the warning, the first time. None: the call must not be made (`stop`)."""
+        verdict = self.verdict()
+        if verdict == "stop":
+            return None
+        return (UserMessage(WARNING, "warning"),) if verdict == "warn" else ()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import Protocol
 
 from loguru import logger
 
@@ -26,6 +25,7 @@ from clawsup.supervisor.errors import ClawsupError, SandboxDied
 from clawsup.supervisor.messages.session_store import SessionStore
 from clawsup.supervisor.sandboxes.child_requests import Service
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
+from clawsup.supervisor.sandboxes.manager import Sandboxes
 from clawsup.supervisor.sandboxes.plans import SandboxPlan, subagent_plan
 from clawsup.supervisor.sandboxes.supervised import SupervisedSandbox
 from clawsup.supervisor.tools.workspace_settings import WorkspaceSettings
@@ -33,23 +33,12 @@ from clawsup.supervisor.tools.workspace_settings import WorkspaceSettings
 STOP_TIMEOUT_S = 10.0
 
 
-class RunSandboxes(Protocol):
-    """What a run needs of the set of sandboxes (supervisor/sandboxes/manager.py)."""
-
-    @property
-    def sandboxes(self) -> Mapping[str, SupervisedSandbox]: ...
-
-    async def add_running(self, plan: SandboxPlan) -> SupervisedSandbox: ...
-
-    async def discard(self, sb: SupervisedSandbox, reason: str, timeout: float, *, polite: bool = True, remove_files: bool = False) -> None: ...
-
-
 class RunDriver:
     def __init__(
         self,
         cfg: ClawsupConfig,
         *,
-        sandboxes: RunSandboxes,
+        sandboxes: Sandboxes,
         workspace: WorkspaceSettings,
         backends: Mapping[str, Backend],
         store: SessionStore,
@@ -75,8 +64,7 @@ class RunDriver:
             try:
                 async with asyncio.timeout(run.timeout_s):
                     await self._store.append(run.child_key, {"role": "user", "id": run.run_id, "text": run.task, "ts": time.time(), "agentId": run.agent_id, "spawnedBy": run.parent_key, "label": run.label})
-                    sb = await self._sandboxes.add_running(self._plan(run))
-                    sb.services.update(services)
+                    sb = await self._sandboxes.add_running(self._plan(run), services=services)
                     try:
                         state = await sb.start(self._start_timeout_s)
                     except TimeoutError:  # the start's own bound, not the run's

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from clawsup.sandbox.agent_loop import Message, UserMessage, message_from_json, message_json
 from clawsup.sandbox.manifest import format_validation_error
-from clawsup.supervisor.agents.loop_detection import STOPPED, WARNING
+from clawsup.supervisor.agents.loop_detection import STOPPED
 from clawsup.supervisor.agents.providers import ProviderError, TurnContext, tool_specs
 from clawsup.supervisor.agents.runs import Origin, Run
 from clawsup.supervisor.agents.spawn_tools import SPAWN_TOOLS, WITHHELD, SpawnTools
@@ -77,11 +77,10 @@ class RunServices:
         inserted: list[UserMessage] = []
         while not run.inbox.empty():
             inserted.append(run.inbox.get_nowait())
-        verdict = run.loops.verdict()
-        if verdict == "stop":
+        warning = run.loops.before_model_call()
+        if warning is None:
             raise PermissionError(f"this run was stopped: {STOPPED}")
-        if verdict == "warn":
-            inserted.append(UserMessage(WARNING, "warning"))
+        inserted += warning
         messages += inserted
         specs = tool_specs(self._tools.registry, sorted(self.tools_of(run)))
         ctx = TurnContext(

@@ -41,7 +41,7 @@ from loguru import logger
 from clawsup.sandbox.launch.launcher import Backend
 from clawsup.supervisor.agents.loop_detection import LoopWatch
 from clawsup.supervisor.agents.models import Models, model_name
-from clawsup.supervisor.agents.run_driver import RunDriver, RunSandboxes
+from clawsup.supervisor.agents.run_driver import RunDriver
 from clawsup.supervisor.agents.run_journal import RunJournal, origin_json
 from clawsup.supervisor.agents.run_reports import RunReports, SessionInbox
 from clawsup.supervisor.agents.run_services import RunServices
@@ -51,6 +51,7 @@ from clawsup.supervisor.agents.tool_dispatch import ToolDispatch
 from clawsup.supervisor.config import ClawsupConfig
 from clawsup.supervisor.errors import BadToolArguments, ClawsupError
 from clawsup.supervisor.messages.session_store import SessionStore
+from clawsup.supervisor.sandboxes.manager import Sandboxes
 from clawsup.supervisor.tools.workspace_settings import WorkspaceSettings, resolve_backend
 
 FINISHED_KEPT = 200
@@ -88,7 +89,7 @@ def build_subagents(
     cfg: ClawsupConfig,
     *,
     models: Models,
-    sandboxes: RunSandboxes,
+    sandboxes: Sandboxes,
     workspaces: WorkspaceNames,
     tools: ToolDispatch,
     store: SessionStore,

@@ -457,8 +457,13 @@ def exec_run(
     refused, 124 if timed out, 128+N if killed by signal N)."""
     from clawsup.supervisor.tools.exec_once import run_once
 
-    if backend not in (None, "process", "bwrap", "docker"):
-        _fail(f"--backend must be process, bwrap or docker, not {backend!r}", 2)
+    if backend is not None:
+        from clawsup.sandbox.launch.backends import backend_named
+
+        try:
+            backend_named(backend)
+        except ValueError as e:
+            _fail(f"--backend: {e}", 2)
     cfg, source = _load(config)
     text = " ".join(command)
     from loguru import logger

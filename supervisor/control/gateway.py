@@ -47,7 +47,7 @@ from clawsup.supervisor.agents.run_journal import RunJournal
 from clawsup.supervisor.agents.models import Models
 from clawsup.supervisor.agents.spawn_tools import SPAWN_TOOLS, register_spawn_tools
 from clawsup.supervisor.agents.subagents import build_subagents, run_backends
-from clawsup.supervisor.sandboxes.supervised import Timing
+from clawsup.supervisor.sandboxes.incarnation import Timing
 from clawsup.supervisor.tools.core import CORE_TOOLS, register_core_tools
 from clawsup.supervisor.tools.dispatch import ToolDispatcher
 from clawsup.supervisor.tools.workspace_settings import settings_from_config
@@ -213,11 +213,9 @@ async def run_gateway(opts: GatewayOptions) -> int:
             # first exec does not pay for a cold start and `clawsup logs` finds it.
             manager.add(workspaces.plan_for(workspaces.sandbox_id(None, None)))
         for plan in plans:
-            sb = manager.add(plan)
+            sb = manager.add(plan, listeners=[opts.on_transition] if opts.on_transition is not None else ())
             for line in plan.refused:
                 sb.log.event(f"the manifest asked for more than is granted: {line}")
-            if opts.on_transition is not None:
-                sb.lc.listeners.append(opts.on_transition)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

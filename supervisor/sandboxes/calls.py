@@ -40,7 +40,7 @@ OutputSink = Callable[[bytes], Awaitable[None]]
 
 
 @dataclass(slots=True, kw_only=True)
-class ToolResult:
+class CallResult:
     text: str
     is_json: bool
 
@@ -60,14 +60,14 @@ class Calls:
         self._disk = disk
         self._stopping = stopping
 
-    async def invoke(self, inc: Incarnation, tool: str, args_json: str, timeout: float | None) -> ToolResult:
+    async def invoke(self, inc: Incarnation, tool: str, args_json: str, timeout: float | None) -> CallResult:
         assert inc.client is not None
         limits = self._plan.limits
         limit = min(timeout, limits.call_timeout_s) if timeout else limits.call_timeout_s
         async with self._in_flight(inc, tool, limit):
             outcome = await inc.client.invoke(tool, args_json, inc.next_call_id(), limit, TIMEOUT_MARGIN_S)
         if outcome.ok:
-            return ToolResult(text=outcome.text, is_json=outcome.is_json)
+            return CallResult(text=outcome.text, is_json=outcome.is_json)
         if outcome.error_kind == "timed_out":
             raise await self._overrun(inc, tool, limit)
         if outcome.traceback:

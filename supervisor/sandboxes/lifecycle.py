@@ -22,7 +22,6 @@ from loguru import logger
 
 from clawsup.sandbox.launch.launcher import ExitStatus
 # Importers older than restarts.py find the policy here too.
-from clawsup.supervisor.sandboxes.restarts import RestartPolicy as RestartPolicy
 
 
 class SandboxState(enum.Enum):

@@ -13,20 +13,23 @@ import enum
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from loguru import logger
 
 from clawsup.sandbox.launch.launcher import ChildUser, Launcher, MiB
 from clawsup.supervisor.errors import SandboxUnavailable, UnknownSandbox
-from clawsup.supervisor.sandboxes.lifecycle import SandboxState
+from clawsup.supervisor.sandboxes.child_requests import Service
+from clawsup.supervisor.sandboxes.lifecycle import SandboxState, Transition
 from clawsup.supervisor.paths import StatePaths
 from clawsup.supervisor.sandboxes.registry import Kind, Registry
 from clawsup.supervisor.sandboxes.log import SandboxLog
 from clawsup.supervisor.sandboxes.plans import SandboxPlan
-from clawsup.supervisor.sandboxes.supervised import SandboxDirs, SupervisedSandbox, Timing
+from clawsup.supervisor.sandboxes.bring_up import SandboxDirs
+from clawsup.supervisor.sandboxes.incarnation import Timing
+from clawsup.supervisor.sandboxes.supervised import SupervisedSandbox
 
 S = SandboxState
 DISCARD_SETTLE_S = 5.0
@@ -37,6 +40,25 @@ kill on the way out (SIGTERM, a short grace, SIGKILL) is bounded well within it.
 def child_env(allowlist: Iterable[str]) -> dict[str, str]:
     """The only part of our environment a child sees. API keys and tokens stay here."""
     return {k: os.environ[k] for k in allowlist if k in os.environ}
+
+
+class Sandboxes(Protocol):
+    """The set of sandboxes as its users see it (the dispatcher, the workspaces, a
+    subagent run's driver): who holds each tool name, the sandboxes by id, and adding
+    and discarding one while serving. `SandboxManager` is the one there is.
+
+    supervisor/tools/dispatch.py, supervisor/tools/workspaces.py and
+    supervisor/agents/run_driver.py take it."""
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def sandboxes(self) -> Mapping[str, SupervisedSandbox]: ...
+
+    async def add_running(self, plan: SandboxPlan, *, services: Mapping[str, Service] | None = None) -> SupervisedSandbox: ...
+
+    async def discard(self, sb: SupervisedSandbox, reason: str, timeout: float, *, polite: bool = True, remove_files: bool = False) -> None: ...
 
 
 class _Decide(enum.Enum):
@@ -78,23 +100,30 @@ class SandboxManager:
         self._logs: list[SandboxLog] = []
         self._later: dict[str, asyncio.Task[None]] = {}
 
-    async def add_running(self, plan: SandboxPlan) -> SupervisedSandbox:
+    async def add_running(self, plan: SandboxPlan, *, services: Mapping[str, Service] | None = None) -> SupervisedSandbox:
         """Add a sandbox while serving (a session's workspace, a subagent run's) and
         supervise it. Who it runs as is decided in a thread: a first uid takes the
         machine's lock file and may scan its processes (sandbox/launch/uids.py). Two callers
-        racing for one id get the same sandbox."""
+        racing for one id get the same sandbox (the first one's `services`)."""
         run_as = await asyncio.to_thread(self._user_for, plan)
         if (sb := self.sandboxes.get(plan.sandbox_id)) is not None:
             return sb
-        sb = self.add(plan, run_as=run_as)
+        sb = self.add(plan, run_as=run_as, services=services)
         self.supervise_later(sb)
         return sb
 
     def add(
-        self, plan: SandboxPlan, *, workspace: Path | None = None, run_as: ChildUser | None | Literal[_Decide.NOW] = _DECIDE
+        self,
+        plan: SandboxPlan,
+        *,
+        workspace: Path | None = None,
+        run_as: ChildUser | None | Literal[_Decide.NOW] = _DECIDE,
+        services: Mapping[str, Service] | None = None,
+        listeners: Sequence[Callable[[Transition], None]] = (),
     ) -> SupervisedSandbox:
         """Add a plugin's sandbox (not started yet). Plugins added first win contested
-        tool names, so the outcome never depends on which child starts faster."""
+        tool names, so the outcome never depends on which child starts faster.
+        `services` and `listeners`: see `SupervisedSandbox`."""
         log = SandboxLog(self._paths.sandbox_log(plan.sandbox_id))
         self._logs.append(log)
         for name, holder in self.registry.claim(plan.plugin_id, Kind.TOOL, plan.declared_tools).items():
@@ -113,6 +142,8 @@ class SandboxManager:
             log=log,
             env=self._env,
             run_as=self._user_for(plan) if run_as is _DECIDE else run_as,
+            services=services,
+            listeners=listeners,
         )
         self.sandboxes[plan.sandbox_id] = sb
         return sb

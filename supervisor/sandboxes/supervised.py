@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -35,14 +35,10 @@ from clawsup.sandbox.launch.launcher import ChildUser, ExitStatus, Launcher
 from clawsup.sandbox.protected import ProtectedPathError
 from clawsup.supervisor.errors import SandboxUnavailable
 from clawsup.supervisor.sandboxes import child_requests, watches
-from clawsup.supervisor.sandboxes.bring_up import BringUp, LaunchFailed
-from clawsup.supervisor.sandboxes.bring_up import SandboxDirs as SandboxDirs
-from clawsup.supervisor.sandboxes.calls import Calls
-from clawsup.supervisor.sandboxes.calls import OutputSink as OutputSink
-from clawsup.supervisor.sandboxes.calls import ToolResult as ToolResult
+from clawsup.supervisor.sandboxes.bring_up import BringUp, LaunchFailed, SandboxDirs
+from clawsup.supervisor.sandboxes.calls import CallResult, Calls, OutputSink
 from clawsup.supervisor.sandboxes.disk_usage import WorkspaceDisk
-from clawsup.supervisor.sandboxes.incarnation import Incarnation, running
-from clawsup.supervisor.sandboxes.incarnation import Timing as Timing
+from clawsup.supervisor.sandboxes.incarnation import Incarnation, Timing, running
 from clawsup.supervisor.sandboxes.lifecycle import ALIVE, Lifecycle, SandboxState, Transition
 from clawsup.supervisor.sandboxes.log import SandboxLog
 from clawsup.supervisor.sandboxes.plans import SandboxPlan
@@ -85,7 +81,12 @@ class SupervisedSandbox:
         env: dict[str, str],
         run_as: ChildUser | None,
         clock: Clock = MONOTONIC,
+        services: Mapping[str, child_requests.Service] | None = None,
+        listeners: Sequence[Callable[[Transition], None]] = (),
     ) -> None:
+        """`services`: what this sandbox may ask beyond `log` (a subagent run's model
+        and tool calls; see supervisor/sandboxes/child_requests.py). `listeners`: told
+        of each transition, after the sandbox's own bookkeeping."""
         self.plan = plan
         self.id = plan.sandbox_id
         self.log = log
@@ -96,6 +97,7 @@ class SupervisedSandbox:
         self._clock = clock
         self.lc = Lifecycle(sandbox_id=plan.sandbox_id, clock=clock.now)
         self.lc.listeners.append(self._on_transition)
+        self.lc.listeners.extend(listeners)
         self._budget = RestartBudget(policy=plan.restart, clock=clock.now)
         self._bring_up = BringUp(plan, launcher=launcher, registry=registry, timing=timing, dirs=dirs, log=log, env=env, run_as=run_as)
         self._tools = ToolAcceptance(plan, registry, log)
@@ -104,9 +106,7 @@ class SupervisedSandbox:
         self._calls = Calls(plan, budget=self._budget, log=log, disk=self._disk, stopping=self._stopping)
         self.inc: Incarnation | None = None
         self._incarnations = itertools.count(1)
-        self.services: dict[str, child_requests.Service] = {}
-        """What this sandbox may ask beyond `log` (a subagent run's model and tool
-        calls); set by whoever made it, see supervisor/sandboxes/child_requests.py."""
+        self._services: Mapping[str, child_requests.Service] = dict(services or {})
         self._start_wanted = asyncio.Event()
         self._stop_wanted = False
         self._stop_reason = ""
@@ -342,7 +342,7 @@ class SupervisedSandbox:
                 return  # stopped while its schemas compiled: its death has reclaimed
             self._tools.accept(judged)
         self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
-        who = child_requests.Requester(sandbox_id=self.id, plugin_id=self.plan.plugin_id, log=self.log, services=self.services)
+        who = child_requests.Requester(sandbox_id=self.id, plugin_id=self.plan.plugin_id, log=self.log, services=self._services)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(watches.heartbeat(inc, self._timing), name=f"{self.id}#{inc.number} heartbeat")
             tg.create_task(self._disk.watch(inc), name=f"{self.id}#{inc.number} disk")
@@ -385,7 +385,7 @@ class SupervisedSandbox:
 
     # -- calls (supervisor/sandboxes/calls.py) -----------------------------------------
 
-    async def invoke(self, tool: str, args_json: str, timeout: float | None) -> ToolResult:
+    async def invoke(self, tool: str, args_json: str, timeout: float | None) -> CallResult:
         return await self._calls.invoke(self._ready_incarnation(), tool, args_json, timeout)
 
     async def exec(

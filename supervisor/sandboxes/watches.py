@@ -1,7 +1,7 @@
 """The watches on a ready incarnation: its heartbeat (a host that stops answering,
 or says NOT_SERVING, is killed) and its workspace's disk (past the limit, killed at
 once). Each runs as a task of the incarnation's group, started when it is ready
-(SupervisedSandbox._serve), and ends with the child.
+(SupervisedSandbox._bring_up_and_serve), and ends with the child.
 """
 
 from __future__ import annotations

@@ -14,31 +14,20 @@ workspaces exist; lives as long as they do.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from clawsup.supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound
+from clawsup.supervisor.sandboxes.calls import CallResult, OutputSink
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
+from clawsup.supervisor.sandboxes.manager import Sandboxes
 from clawsup.supervisor.sandboxes.registry import Kind, Registry
-from clawsup.supervisor.sandboxes.supervised import OutputSink, SupervisedSandbox, ToolResult
 from clawsup.supervisor.tools.arguments import check_arguments_async
 from clawsup.supervisor.tools.core import CORE_TOOLS
 from clawsup.supervisor.tools.workspaces import Workspaces
 
 
-class ToolSandboxes(Protocol):
-    """What dispatch needs of the set of sandboxes (supervisor/sandboxes/manager.py):
-    who holds each tool name, and the sandboxes by id."""
-
-    @property
-    def registry(self) -> Registry: ...
-
-    @property
-    def sandboxes(self) -> Mapping[str, SupervisedSandbox]: ...
-
-
 class ToolDispatcher:
-    def __init__(self, sandboxes: ToolSandboxes, workspaces: Workspaces | None) -> None:
+    def __init__(self, sandboxes: Sandboxes, workspaces: Workspaces | None) -> None:
         """`workspaces` None: no core tool can run (a supervisor of plugins only, as in
         scripts/bench.py)."""
         self._sandboxes = sandboxes
@@ -59,7 +48,7 @@ class ToolDispatcher:
         session: str | None = None,
         workspace: str | None = None,
         on_output: OutputSink | None = None,
-    ) -> ToolResult:
+    ) -> CallResult:
         """One tool call. `agent` and `session` say who calls (from the caller's
         context, never from the model's arguments); they pick the workspace sandbox
         of the core tools, unless the supervisor names one (`workspace`: a subagent

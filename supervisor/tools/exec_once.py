@@ -29,12 +29,13 @@ from clawsup.sandbox.launch.uids import SandboxUids, UidAllocator
 from clawsup.sandbox.exec_result import ExecResult
 from clawsup.supervisor.config import ClawsupConfig
 from clawsup.supervisor.errors import ClawsupError, ConfigError
+from clawsup.supervisor.sandboxes.calls import OutputSink
+from clawsup.supervisor.sandboxes.incarnation import Timing
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
 from clawsup.supervisor.sandboxes.manager import SandboxManager
 from clawsup.supervisor.sandboxes.plans import workspace_plan
 from clawsup.supervisor.paths import StatePaths
 from clawsup.supervisor.sandboxes.registry import Registry
-from clawsup.supervisor.sandboxes.supervised import OutputSink, Timing
 from clawsup.supervisor.tools.workspace_settings import settings_from_config
 
 SANDBOX_ID = "exec-run"

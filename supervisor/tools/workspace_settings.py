@@ -18,7 +18,7 @@ from clawsup.sandbox.launch.backends import backend_problem, first_isolating
 from clawsup.sandbox.launch.launcher import Backend, BackendChoice, Limits, MiB
 from clawsup.supervisor.config import ClawsupConfig
 from clawsup.supervisor.errors import ConfigError
-from clawsup.supervisor.sandboxes.lifecycle import RestartPolicy
+from clawsup.supervisor.sandboxes.restarts import RestartPolicy
 from clawsup.supervisor.sandboxes.plans import restart_policy
 from clawsup.supervisor.tools.exec_screen import ExecScreen
 

@@ -9,7 +9,7 @@ identity. `exec` commands are screened here (supervisor/tools/exec_screen.py) be
 anything is sent.
 
 Created by the gateway after the set of sandboxes it adds its own to (the manager,
-seen through `SandboxSet`); lives as long as that. `clawsup exec run` needs none of
+seen through `Sandboxes`, supervisor/sandboxes/manager.py); lives as long as that. `clawsup exec run` needs none of
 this: it runs one workspace plan (supervisor/tools/exec_once.py).
 """
 
@@ -21,16 +21,18 @@ import enum
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from loguru import logger
 
 from clawsup.supervisor.errors import BadToolArguments, ExecBlocked, SandboxUnavailable
+from clawsup.supervisor.sandboxes.calls import CallResult, OutputSink
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
+from clawsup.supervisor.sandboxes.manager import Sandboxes
 from clawsup.supervisor.sandboxes.plans import SandboxPlan, workspace_plan
-from clawsup.supervisor.sandboxes.supervised import SETTLED, OutputSink, SupervisedSandbox, ToolResult
+from clawsup.supervisor.sandboxes.supervised import SETTLED, SupervisedSandbox
 from clawsup.supervisor.tools.core import CORE_TOOLS, ExecArgs
 from clawsup.supervisor.tools.workspace_settings import WorkspaceScope, WorkspaceSettings
 
@@ -63,18 +65,6 @@ def _slug(s: str) -> str:
     if safe == s and len(s) <= 40:
         return s
     return f"{safe[:31]}-{hashlib.sha256(s.encode()).hexdigest()[:8]}"
-
-
-class SandboxSet(Protocol):
-    """What the workspaces need of the set of sandboxes (supervisor/sandboxes/manager.py):
-    to find one, to add one while serving, and to discard one."""
-
-    @property
-    def sandboxes(self) -> Mapping[str, SupervisedSandbox]: ...
-
-    async def add_running(self, plan: SandboxPlan) -> SupervisedSandbox: ...
-
-    async def discard(self, sb: SupervisedSandbox, reason: str, timeout: float) -> None: ...
 
 
 class _Phase(enum.Enum):
@@ -115,7 +105,7 @@ class Workspaces:
     (tests/test_workspace_scope.py). Created by the gateway; `discard_idle()` runs
     in the gateway's task group until `close()`."""
 
-    def __init__(self, sandboxes: SandboxSet, settings: WorkspaceSettings) -> None:
+    def __init__(self, sandboxes: Sandboxes, settings: WorkspaceSettings) -> None:
         self._set = sandboxes
         self.settings = settings
         self._uses: dict[str, _Use] = {}
@@ -198,7 +188,7 @@ class Workspaces:
         timeout: float | None,
         on_output: OutputSink | None,
         sandbox_id: str | None = None,
-    ) -> ToolResult:
+    ) -> CallResult:
         parsed = CORE_TOOLS[name].parse(args)
         if isinstance(parsed, ExecArgs):
             return await self._exec(parsed, agent=agent, session=session, pinned=sandbox_id, on_output=on_output)
@@ -215,7 +205,7 @@ class Workspaces:
                 sb.log.event(f"exec {_short(command)}: refused by rule {verdict.rule!r} ({verdict.segment!r}); nothing ran")
             raise ExecBlocked(verdict.rule, verdict.segment, verdict.explain())
 
-    async def _exec(self, a: ExecArgs, *, agent: str | None, session: str | None, pinned: str | None, on_output: OutputSink | None) -> ToolResult:
+    async def _exec(self, a: ExecArgs, *, agent: str | None, session: str | None, pinned: str | None, on_output: OutputSink | None) -> CallResult:
         e = self.settings.exec
         if a.timeout is not None and a.timeout > e.max_timeout_s:
             raise BadToolArguments("exec", f"timeout: at most {e.max_timeout_s:g} seconds, got {a.timeout:g}")
@@ -241,7 +231,7 @@ class Workspaces:
         if r.error:
             raise BadToolArguments("exec", r.error)
         out = {"output": b"".join(chunks).decode("utf-8", errors="replace"), **r.to_json()}
-        return ToolResult(text=json.dumps(out), is_json=True)
+        return CallResult(text=json.dumps(out), is_json=True)
 
     async def discard_idle(self) -> None:
         """Discards idle sandboxes until `close()`, each in a task of its own (all at
