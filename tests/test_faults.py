@@ -207,7 +207,10 @@ def test_child_that_hangs_while_idle(gateway_factory) -> None:
 
 
 def test_hang_during_call_fails_the_call(gateway_factory) -> None:
-    gw = gateway_factory(chaos_config(slow_backoff()))
+    # The call's own deadline is under test: with the default test heartbeat (0.5 s,
+    # two misses) the heartbeat can kill the wedged host first, a correct ending that
+    # logs another reason (test_child_that_hangs_while_idle).
+    gw = gateway_factory(chaos_config(slow_backoff(), sandbox__heartbeatIntervalSeconds=60))
     resp = gw.call("chaos_hang", timeout=1)
     assert resp["error"]["code"] == "tool_timeout"
     assert gw.wait("chaos", "backoff") == "backoff"
