@@ -118,10 +118,7 @@ class Calls:
         except CallAborted:
             # The incarnation ends every call it aborts by saying how it ended first
             # (Incarnation.declare_dead); bounded all the same.
-            try:
-                async with asyncio.timeout(DEATH_CONFIRM_S):
-                    status = await asyncio.shield(inc.died)
-            except TimeoutError:
+            if (status := await _death(inc, DEATH_CONFIRM_S)) is None:
                 raise ToolFailed(tool, self._plan.plugin_id, "transport", "the sandbox went away during the call") from None
             raise self.died_error(status) from None
         except HostUnreachable as e:
@@ -135,12 +132,9 @@ class Calls:
         if e.deadline:
             return await self._overrun(inc, tool, limit)
         # Most likely the child just died and the pidfd has not been read yet.
-        try:
-            async with asyncio.timeout(DEATH_CONFIRM_S):
-                status = await asyncio.shield(inc.died)
-            return self.died_error(status)
-        except TimeoutError:
+        if (status := await _death(inc, DEATH_CONFIRM_S)) is None:
             return ToolFailed(tool, self._plan.plugin_id, "transport", f"the sandbox did not answer: {e}")
+        return self.died_error(status)
 
     async def _overrun(self, inc: Incarnation, tool: str, limit: float) -> ToolTimeout:
         """A call outlived its timeout. If the host is still healthy (an async handler
@@ -163,7 +157,16 @@ class Calls:
         # with this child: the death's transition follows `died` with no await
         # between (SupervisedSandbox._on_death), so once `died` is set it has happened
         # (tests/test_faults.py::test_endless_loop_in_handler).
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(KILL_CONFIRM_S):
-                await asyncio.shield(inc.died)
+        await _death(inc, KILL_CONFIRM_S)
         return ToolTimeout(tool, plugin, sandbox_id, limit, said + "being restarted")
+
+
+async def _death(inc: Incarnation, within: float) -> ExitStatus | None:
+    """How the child ended, once its death is recorded (Incarnation.declare_dead),
+    waiting `within` seconds at most; None if it is not by then. Shielded: the
+    caller's timeout must not cancel the incarnation's own future."""
+    try:
+        async with asyncio.timeout(within):
+            return await asyncio.shield(inc.died)
+    except TimeoutError:
+        return None
