@@ -406,9 +406,14 @@ class SupervisedSandbox:
     def _ready_incarnation(self) -> Incarnation:
         inc = self.inc
         if self.lc.state is not S.READY or inc is None or inc.client is None or inc.closing:
-            detail = f"last exit: {self.lc.last_exit.describe()}" if self.lc.last_exit else ""
-            raise SandboxUnavailable(self.id, self.plan.plugin_id, self.lc.state.value, detail)
+            raise self.unavailable()
         return inc
+
+    def unavailable(self) -> SandboxUnavailable:
+        """What a caller is told while this sandbox cannot take calls: its state, and
+        how its last child ended."""
+        detail = f"last exit: {self.lc.last_exit.describe()}" if self.lc.last_exit else ""
+        return SandboxUnavailable(self.id, self.plan.plugin_id, self.lc.state.value, detail)
 
 
 async def _quietly(work: Awaitable[T], fallback: T) -> T:

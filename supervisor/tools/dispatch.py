@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from clawsup.supervisor.errors import SandboxUnavailable, ToolFailed, ToolNotFound
+from clawsup.supervisor.errors import ToolFailed, ToolNotFound
 from clawsup.supervisor.sandboxes.calls import CallResult, OutputSink
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
 from clawsup.supervisor.sandboxes.manager import Sandboxes
@@ -57,8 +57,7 @@ class ToolDispatcher:
         if reg is None:
             for sb in self._sandboxes.sandboxes.values():
                 if name in sb.plan.declared_tools and sb.lc.state is not SandboxState.READY:
-                    detail = f"last exit: {sb.lc.last_exit.describe()}" if sb.lc.last_exit else ""
-                    raise SandboxUnavailable(sb.id, sb.plan.plugin_id, sb.lc.state.value, detail)
+                    raise sb.unavailable()
             raise ToolNotFound(name, [r.name for r in self.registry.tools()])
         if reg.sandbox_id is None:
             if name not in CORE_TOOLS:
