@@ -34,6 +34,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from clawsup.sandbox.mcp_spec import McpServerSpec
+
 MAGIC = "CLAWSUP"
 CORE_PROTOCOL_VERSION = 1
 TOKEN_METADATA_KEY = "x-clawsup-token"
@@ -71,6 +73,10 @@ class LoadError:
     where: str = ""
     """The last frame in the plugin's own code, relative to its folder
     (`plugin.py:3`, `plugin.py:12 in clawsup_register`); "" if none."""
+    retry: bool = False
+    """The failure may pass: an MCP server that exited or did not finish
+    `initialize` in time. The supervisor counts it as a crash and restarts with
+    backoff (the usual intensity rule) instead of going straight to `failed`."""
 
 
 def format_load_error(err: LoadError) -> str:
@@ -78,7 +84,10 @@ def format_load_error(err: LoadError) -> str:
     lone surrogate) is escaped, so that no reader splits it or fails to encode it."""
     message, where = _cut(err.message, MAX_LOAD_ERROR_MESSAGE), _cut(err.where, MAX_LOAD_ERROR_WHERE)
     while True:
-        line = f"{LOAD_ERROR_MAGIC}|{CORE_PROTOCOL_VERSION}|" + json.dumps({"message": message, "where": where}, separators=(",", ":"))
+        body: dict[str, Any] = {"message": message, "where": where}
+        if err.retry:
+            body["retry"] = True
+        line = f"{LOAD_ERROR_MAGIC}|{CORE_PROTOCOL_VERSION}|" + json.dumps(body, separators=(",", ":"))
         # Escaping can grow a character to 12 bytes; the supervisor cuts stdout lines
         # at 16 KiB (supervisor/sandboxes/log.py), and a cut line would not parse.
         if len(line) <= MAX_LOAD_ERROR_LINE:
@@ -102,6 +111,7 @@ def parse_load_error(line: str) -> LoadError | None:
     return LoadError(
         message=_cut(body["message"], MAX_LOAD_ERROR_MESSAGE),
         where=_cut(where, MAX_LOAD_ERROR_WHERE) if isinstance(where, str) else "",
+        retry=body.get("retry") is True,
     )
 
 
@@ -127,8 +137,9 @@ def parse_handshake(line: str) -> Handshake:
     return Handshake(network=parts[2], address=parts[3], protocol=parts[4])
 
 
-SandboxRole = Literal["plugin", "workspace", "subagent"]
-"""What a sandbox is for: one plugin, an agent's workspace, or one subagent run."""
+SandboxRole = Literal["plugin", "workspace", "subagent", "mcp"]
+"""What a sandbox is for: one plugin, an agent's workspace, one subagent run, or one
+MCP server (the host is its MCP client)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +160,8 @@ class GatePayload:
     role: SandboxRole = "plugin"
     """`plugin`: load the plugin at --plugin-dir. `workspace`: serve the core exec
     and file tools on the workspace (the cwd) instead; no plugin code at all.
-    `subagent`: a workspace host that also runs one subagent's loop (RunAgent)."""
+    `subagent`: a workspace host that also runs one subagent's loop (RunAgent).
+    `mcp`: the MCP client of the server `mcp` names, serving its tools; no plugin."""
     workspace_tools: dict[str, Any] = field(default_factory=dict)
     """For `workspace`: shell, kill_grace_s, read_max_bytes (see
     sandbox/host/server.py serve)."""
@@ -166,6 +178,9 @@ class GatePayload:
     outside with prlimit where it may; the child sets them on itself before any
     plugin code runs, which needs no privilege (lowering a limit never does)."""
 
+    mcp: McpServerSpec | None = None
+    """For `mcp`: the server, and which of its tools are served under which names."""
+
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()
 
@@ -174,4 +189,6 @@ class GatePayload:
         d = json.loads(raw)
         if d.get("run_as") is not None:
             d["run_as"] = tuple(d["run_as"])
+        if d.get("mcp") is not None:
+            d["mcp"] = McpServerSpec(**d["mcp"])
         return cls(**d)

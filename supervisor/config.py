@@ -147,6 +147,78 @@ class PluginEntry(_Model):
     restart are the operator's alone."""
 
 
+MCP_SERVER_ID = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
+"""An MCP server's key; its sandbox is `mcp-<id in lower case>`."""
+
+
+class McpToolFilter(_Model):
+    allow: list[str] = Field(default_factory=list)
+    """The server's own tool names (before `toolPrefix`) to serve; `*` and `?`
+    wildcards. Empty: every tool `deny` leaves."""
+    deny: list[str] = Field(default_factory=list)
+    """Never served; beats `allow`."""
+
+
+McpTransportName = Literal["stdio", "http", "streamable-http", "streamableHttp", "sse"]
+
+
+class McpServerEntry(BaseModel):
+    """One MCP server (`mcpServers.<id>`). The keys Claude Desktop, Cursor and
+    Nanobot write (`command`, `args`, `env`, `url`, `headers`, `type`) mean what they
+    mean there; clawsup's own sit beside them. Keys of other clients (`autoApprove`,
+    `timeout`...) are accepted and named in the start-up warning, so that a pasted
+    block loads."""
+
+    model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    command: str | None = Field(default=None, min_length=1)
+    """stdio: the server's executable, resolved on this host's PATH (or a path)."""
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    """For the server process only; `${VAR}` and `${VAR:-default}` expand from the
+    supervisor's environment for this entry alone."""
+    url: str | None = Field(default=None, min_length=1)
+    """A remote server, spoken to over streamable HTTP."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Sent with every request to `url`; `${VAR}` expands as in `env`."""
+    type: McpTransportName | None = None
+    """What Claude Code and Cursor write; inferred from `command` / `url` when absent."""
+    enabled: bool = True
+    disabled: bool = False
+    """Cline's spelling of `enabled: false`."""
+    trust: Trust = "untrusted"
+    sandbox: SandboxGrant = Field(default_factory=SandboxGrant)
+    """Limits and backend, as for a plugin (`plugins.entries.<id>.sandbox`)."""
+    network: bool | None = None
+    """The operator's grant. Default: granted for a remote server (`url`), which
+    cannot work without it; `sandbox.defaults.network` for a command."""
+    tool_prefix: str | None = Field(default=None, pattern=r"^[a-zA-Z0-9_-]{0,32}$")
+    """Each tool is registered as this + its name; default `<id>_`."""
+    tools: McpToolFilter = Field(default_factory=McpToolFilter)
+    call_timeout_seconds: CallSeconds | None = None
+    """Each call's deadline; default the sandbox's (`sandbox.defaults.callTimeoutSeconds`)."""
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerEntry:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either `command` (a server this host starts) or `url` (a remote server), not both or neither")
+        if self.type == "sse":
+            raise ValueError("type 'sse' (the deprecated HTTP+SSE transport) is not supported; use the server's streamable HTTP endpoint")
+        if self.type == "stdio" and self.command is None:
+            raise ValueError("type 'stdio' needs `command`")
+        if self.type not in (None, "stdio") and self.url is None:
+            raise ValueError(f"type {self.type!r} needs `url`")
+        return self
+
+    @property
+    def transport(self) -> Literal["stdio", "http"]:
+        return "stdio" if self.command is not None else "http"
+
+    @property
+    def on(self) -> bool:
+        return self.enabled and not self.disabled
+
+
 class PluginsConfig(_Model):
     load: PluginLoad = Field(default_factory=PluginLoad)
     entries: dict[str, PluginEntry] = Field(default_factory=dict)
@@ -572,6 +644,9 @@ class ClawsupConfig(_Model):
     bus: BusConfig = Field(default_factory=BusConfig)
     providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
     agent_loop: AgentLoopConfig = Field(default_factory=AgentLoopConfig)
+    mcp_servers: dict[Annotated[str, Field(pattern=MCP_SERVER_ID)], McpServerEntry] = Field(default_factory=dict)
+    """MCP servers, each in a sandbox of its own (`mcp-<id>`), in the shape Claude
+    Desktop, Cursor and Nanobot use."""
     model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
@@ -590,6 +665,8 @@ def ignored_keys(model: BaseModel, path: str = "") -> list[str]:
             out += ignored_keys(value, key + ".")
         elif isinstance(value, list):
             out += [k for i, v in enumerate(value) if isinstance(v, BaseModel) for k in ignored_keys(v, f"{key}[{i}].")]
+        elif isinstance(value, dict):
+            out += [k for n, v in value.items() if isinstance(v, BaseModel) for k in ignored_keys(v, f"{key}.{n}.")]
     return out
 
 

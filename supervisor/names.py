@@ -10,10 +10,10 @@ from __future__ import annotations
 # Whole ids the supervisor uses, or that name one of its files or folders.
 RESERVED_IDS = frozenset({
     "supervisor", "core", "clawsup", "workspace", "subagent", "warden", "control", "run", "runs",
-    "logs", "sandboxes", "sessions", "hosts", "private", "default", "all", "tasks", "notify_on_release",
+    "logs", "sandboxes", "sessions", "hosts", "private", "default", "all", "tasks", "notify_on_release", "mcp",
 })  # fmt: skip
 # Prefixes of the ids the supervisor gives its own sandboxes.
-RESERVED_PREFIXES = ("workspace-", "subagent-", "clawsup-", "supervisor-", "core-")
+RESERVED_PREFIXES = ("workspace-", "subagent-", "clawsup-", "supervisor-", "core-", "mcp-")
 
 
 def reserved_reason(plugin_id: str) -> str:
@@ -24,3 +24,14 @@ def reserved_reason(plugin_id: str) -> str:
         if plugin_id.startswith(prefix):
             return f"ids starting with {prefix!r} are reserved for the supervisor's own sandboxes"
     return ""
+
+
+MCP_OWNER_PREFIX = "mcp:"
+"""The owner of an MCP server's registrations is `mcp:<id>`: no plugin id holds a colon."""
+
+
+def owner_label(owner: str) -> str:
+    """An owner as a sentence names it: `plugin 'basics'`, `MCP server 'time'`."""
+    if owner.startswith(MCP_OWNER_PREFIX):
+        return f"MCP server {owner.removeprefix(MCP_OWNER_PREFIX)!r}"
+    return f"plugin {owner!r}"

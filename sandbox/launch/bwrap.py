@@ -16,7 +16,9 @@ two packages the host imports, `sandbox` and `clawsup` (the wire protocol). For 
 editable install those two live in the project checkout; only they are bound, never
 the checkout, the operator's home or the state directory (whose sandbox folders,
 the workspace and the socket folder, are the only parts bound).
-tests/test_sandbox_walls.py puts sentinels in the checkout and the home.
+tests/test_sandbox_walls.py puts sentinels in the checkout and the home. An MCP
+server's install (LaunchSpec.visible_paths: its venv, interpreter, node_modules) is
+bound the same way, read-only at its own paths.
 
 /tmp and /dev/shm are the sandbox's own: size-limited tmpfs (`Limits.tmp_bytes`
 each; see `_tmpfs_takes_size` for an older bwrap), mode 1777 so that the child's own
@@ -188,6 +190,7 @@ class BwrapLauncher(ProcessLauncher):
         if spec.plugin_dir is not None and not _inside(str(spec.plugin_dir), [*SYSTEM_DIRS, *runtime_paths()]):
             # (A plugin under /usr or in site-packages is already there, read-only.)
             binds.append(("--ro-bind", str(spec.plugin_dir)))
+        binds += [("--ro-bind", path) for path in visible_binds(spec, [*SYSTEM_DIRS, *runtime_paths()], own=["/proc", "/dev", WORKSPACE])]
         binds.append(("--bind", str(spec.run_dir)))
         # bwrap would copy the modes of the outside parents (a 0700 home, a 0700
         # state directory); inside, the parents only lead the way, so open them.
@@ -239,6 +242,21 @@ def _tmpfs_takes_size() -> bool:
         return exe is not None and "--size" in subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return False
+
+
+def visible_binds(spec: LaunchSpec, shown: list[str], *, own: list[str]) -> list[str]:
+    """The spec's `visible_paths` (an MCP server's install) to bind read-only at their
+    own paths: not those the sandbox shows already (`shown`: the system folders, the
+    host runtime), not those on or under the launcher's own mounts (`own`), and never
+    one that holds the workspace or the socket folder (the plan never asks for one:
+    supervisor/sandboxes/mcp_install.py keeps the state directory out)."""
+    mine = [str(spec.workspace), str(spec.run_dir)]
+    out = []
+    for path in spec.visible_paths:
+        if not os.path.isabs(path) or _inside(path, [*shown, *own]) or any(_inside(m, [path]) for m in mine):
+            continue
+        out.append(path)
+    return out
 
 
 def _inside(path: str, roots: list[str]) -> bool:

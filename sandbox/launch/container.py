@@ -7,7 +7,8 @@ build it). Defaults: no network unless the manifest asks; a read-only root with 
 tmpfs /tmp; every capability dropped and no-new-privileges; a non-root user (the
 sandbox's own uid when the supervisor is root); memory, pids and CPU limits; the
 workspace bound read-write at /workspace and the socket folder at its own path, so
-gRPC travels over the same unix socket as with the other backends; labels that say
+gRPC travels over the same unix socket as with the other backends; an MCP server's
+install (LaunchSpec.visible_paths) read-only at its own paths; labels that say
 whose it is; a small cap on the engine's own log of the container (LOG_CONFIG).
 
 The start gate arrives as a file (no fd crosses into a container). The socket folder
@@ -53,6 +54,7 @@ import docker.errors
 import docker.types
 from loguru import logger
 
+from clawsup.sandbox.launch.bwrap import SYSTEM_DIRS, visible_binds
 from clawsup.sandbox.launch.image import image_tag
 from clawsup.sandbox.launch.launcher import Backend, Child, ChildUser, ExitStatus, LaunchSpec, cleanup_in_thread, in_thread, outlast
 from clawsup.sandbox.protected import docker_volumes
@@ -501,6 +503,10 @@ class _ContainerStart:
         }
         if spec.plugin_dir is not None:
             volumes[str(spec.plugin_dir)] = {"bind": PLUGIN, "mode": "ro"}
+        # What an MCP server's command needs from this host, at its own paths. Never
+        # over the image's system folders: the container runs the image's /usr.
+        for path in visible_binds(spec, list(SYSTEM_DIRS), own=[WORKSPACE, PLUGIN, os.path.dirname(GATE), "/proc", "/dev", "/sys", "/etc"]):
+            volumes.setdefault(path, {"bind": path, "mode": "ro"})
         env = {**spec.env, "HOME": WORKSPACE, "TMPDIR": "/tmp", "PATH": "/usr/local/bin:/usr/bin:/bin"}
         command = [
             "--plugin-dir", PLUGIN if spec.plugin_dir is not None else "",

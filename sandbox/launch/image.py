@@ -13,7 +13,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "clawsup-sandbox"
-RUNTIME_DISTRIBUTIONS = ("grpcio", "grpcio-health-checking", "protobuf", "pluggy")
+RUNTIME_DISTRIBUTIONS = ("grpcio", "grpcio-health-checking", "protobuf", "pluggy", "mcp")
+"""What the sandbox host imports besides the standard library (`mcp`: an MCP server's
+sandbox host is its client, sandbox/host/mcp_bridge.py). `pip wheel` adds their
+dependencies."""
 
 
 def runtime_requirements() -> list[str]:

@@ -92,6 +92,11 @@ class LaunchSpec:
     operator_workspace: bool = False
     """The workspace is a folder the operator named (`clawsup exec run --workspace`):
     it stays the operator's; no launcher hands it to the child's uid."""
+    visible_paths: tuple[str, ...] = ()
+    """Absolute host paths the child must see, read-only at the same paths: what an
+    MCP server's command needs (its executable, venv or node_modules, interpreter;
+    supervisor/sandboxes/mcp_install.py). bwrap and docker bind them; the process
+    backend sees the host's files anyway."""
     private_dir: Path | None = None
     """A directory only the supervisor writes (`<state>/sandboxes/<id>/private`), for
     what it hands the child (the docker start gate); a launcher may mount it

@@ -40,7 +40,8 @@ from clawsup.supervisor.agents.loop import AgentLoop
 from clawsup.supervisor.sandboxes.manager import SandboxManager
 from clawsup.supervisor.messages.assembly import Messaging, channels_from_config, message_bus, session_store
 from clawsup.supervisor.paths import StatePaths
-from clawsup.supervisor.sandboxes.plans import build_plans, workspace_plan
+from clawsup.supervisor.sandboxes.mcp_plans import build_mcp_plans
+from clawsup.supervisor.sandboxes.plans import SandboxPlan, build_plans, workspace_plan
 from clawsup.supervisor.printable import clean_log_record
 from clawsup.supervisor.sandboxes.registry import Registry
 from clawsup.supervisor.agents.run_journal import RunJournal
@@ -129,6 +130,28 @@ def _core_registry() -> Registry:
     return registry
 
 
+def _all_plans(cfg: ClawsupConfig, cfg_path: Path, state_dir: Path, extra_plugins: list[Path]) -> list[SandboxPlan]:
+    """The plugins' plans and the MCP servers', with the problems of both in one
+    ConfigError. Blocking (manifests, the MCP commands' installs): run in a thread."""
+    problems: list[str] = []
+    plans: list[SandboxPlan] = []
+    try:
+        plans += build_plans(cfg, config_source=str(cfg_path), config_dir=cfg_path.parent, extra_plugins=extra_plugins)
+    except ConfigError as e:
+        problems += e.problems
+    try:
+        plans += build_mcp_plans(cfg, config_dir=cfg_path.parent, state_dir=state_dir)
+    except ConfigError as e:
+        problems += e.problems
+    if problems:
+        raise ConfigError(str(cfg_path), problems)
+    return plans
+
+
+def _what(plan: SandboxPlan) -> str:
+    return f"MCP server {plan.mcp.server_id!r}" if plan.mcp is not None else f"plugin {plan.plugin_id!r}"
+
+
 def _non_dumpable() -> None:
     """Processes of our own user (a plugin on the process backend, anything else the
     operator runs) must not read our memory or environment, where the API keys are:
@@ -155,7 +178,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
         cfg: ClawsupConfig = await asyncio.to_thread(load_config, cfg_path)
         if ignored := ignored_keys(cfg):
             logger.warning("config keys clawsup does not use (kept for OpenClaw compatibility): {}", ", ".join(ignored))
-        plans = await asyncio.to_thread(build_plans, cfg, config_source=str(cfg_path), config_dir=cfg_path.parent, extra_plugins=opts.extra_plugins)
+        plans = await asyncio.to_thread(_all_plans, cfg, cfg_path, paths.root, opts.extra_plugins)
         cgroups = await asyncio.to_thread(CgroupRoot.create)
         if cgroups is None:
             logger.warning(
@@ -177,7 +200,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
         needed = {"process", workspace.backend, *run_backend.values(), *(p.backend for p in plans)}
         for name in sorted(needed):
             if problem := await asyncio.to_thread(backend_problem, name):
-                asked = [f"plugin {p.plugin_id!r} asks for the {name} backend: {problem}" for p in plans if p.backend == name]
+                asked = [f"{_what(p)} asks for the {name} backend: {problem}" for p in plans if p.backend == name]
                 raise ConfigError(str(cfg_path), asked or [f"the {name} backend: {problem}"])
         warden = await asyncio.to_thread(Warden)
         launchers: dict[str, Launcher] = {
@@ -239,7 +262,8 @@ async def run_gateway(opts: GatewayOptions) -> int:
         messaging = Messaging(cfg, bus=bus, store=store, channels=channels, agent=agent_loop)
         control = ControlServer(paths.control_socket, manager, tools, stop.set, chat=messaging.cli, subagents=subagents)
         await control.start()
-        logger.info("clawsup supervisor pid {} on {} ({} plugin(s))", os.getpid(), paths.root, len(plans))
+        servers = sum(p.role == "mcp" for p in plans)
+        logger.info("clawsup supervisor pid {} on {} ({} plugin(s), {} MCP server(s))", os.getpid(), paths.root, len(plans) - servers, servers)
         ready = asyncio.Event()
         # Bounded: each stop step has its grace, and a child that outlives them all is
         # SIGKILLed; this is the outer bound on the whole shutdown.

@@ -109,6 +109,7 @@ class BringUp:
             trusted=plan.trusted,
             protected_paths=plan.protected_paths,
             operator_workspace=dirs.operator_workspace,
+            visible_paths=plan.visible_paths,
             private_dir=self._private_dir(),
             gate=GatePayload(
                 sandbox_id=plan.sandbox_id,
@@ -121,6 +122,7 @@ class BringUp:
                 role=plan.role,
                 tools=self._registry.claimable(plan.plugin_id, Kind.TOOL, plan.declared_tools) if plan.role == "plugin" else None,
                 workspace_tools=plan.workspace_tools,
+                mcp=plan.mcp,
             ),
         )
         return await self._launcher.launch(spec)

@@ -23,8 +23,9 @@ from loguru import logger
 from clawsup.sandbox.launch.backends import backend_problem, first_isolating
 from clawsup.sandbox.handshake import SandboxRole
 from clawsup.sandbox.launch.launcher import Backend, BackendChoice, Limits, MiB
+from clawsup.sandbox.mcp_spec import McpServerSpec
 from clawsup.sandbox.manifest import MANIFEST_NAME, Manifest, ManifestError, RestartRequest, SandboxRequest, load_manifest
-from clawsup.supervisor.config import ClawsupConfig, PluginEntry, resolve_plugin_path
+from clawsup.supervisor.config import ClawsupConfig, PluginEntry, SandboxGrant, resolve_plugin_path
 from clawsup.supervisor.errors import ConfigError
 from clawsup.supervisor.sandboxes.restarts import RestartPolicy
 from clawsup.supervisor.names import reserved_reason
@@ -85,6 +86,12 @@ class SandboxPlan:
     refused: tuple[str, ...] = ()
     """Each part of the manifest's ask the operator's config did not grant, as a
     sentence (also logged at start)."""
+    mcp: McpServerSpec | None = None
+    """For `mcp`: the server its host is the client of (supervisor/sandboxes/mcp_plans.py).
+    `declared_tools` is then empty: the server lists its tools at run time, and the
+    supervisor registers those the spec's prefix and allow/deny rule pick."""
+    visible_paths: tuple[str, ...] = ()
+    """Host paths the child sees read-only at their own paths (LaunchSpec.visible_paths)."""
 
 
 def build_plans(
@@ -166,16 +173,15 @@ def _check_plugin_config(manifest: Manifest, config: dict[str, Any]) -> list[str
     return out
 
 
-def _operator_grant(cfg: ClawsupConfig, entry: PluginEntry) -> tuple[SandboxRequest, BackendChoice]:
-    """`sandbox.defaults` overridden by `plugins.entries.<id>.sandbox`, and the key
-    path the backend came from (for errors)."""
+def operator_grant(cfg: ClawsupConfig, over: SandboxGrant) -> tuple[SandboxRequest, BackendChoice]:
+    """`sandbox.defaults` overridden by one sandbox's grant (`plugins.entries.<id>.sandbox`,
+    `mcpServers.<id>.sandbox`), and the backend asked for."""
     d = cfg.sandbox.defaults
     base = SandboxRequest(
         call_timeout_seconds=d.call_timeout_seconds, memory_mb=d.memory_mb, cpu_seconds=d.cpu_seconds,
         max_processes=d.max_processes, max_open_files=d.max_open_files, max_file_size_mb=d.max_file_size_mb,
         cpus=d.cpus, max_workspace_mb=d.max_workspace_mb, tmp_mb=d.tmp_mb, network=d.network, restart=d.restart,
     )  # fmt: skip
-    over = entry.sandbox
     fields = {k: v for k, v in over.model_dump(exclude_none=True).items() if k not in ("restart", "backend")}
     restart = base.restart or RestartRequest()
     if over.restart is not None:
@@ -218,22 +224,28 @@ def choose_backend(asked: BackendChoice, *, trusted: bool, problem_of: Callable[
     return asked, ""
 
 
+def untrusted_refusal(entry_key: str, what: str, grant: SandboxGrant, why_not: str) -> str:
+    """Why an untrusted sandbox cannot start on the backend it was given, and the two
+    ways out. `entry_key`: the entry's key path (`plugins.entries.x`, `mcpServers.x`)."""
+    key = f"{entry_key}.sandbox.backend" if grant.backend else "sandbox.defaults.backend"
+    return (
+        f"{key}: {what} is untrusted and cannot start: {why_not}. Either make an isolating backend work here "
+        "(apt-get install bubblewrap; or a Docker engine and scripts/build-sandbox-image), or, if you trust its author, "
+        f"set {entry_key}.trust: \"trusted\" to let it run on the process backend"
+    )
+
+
 def _plan(
     cfg: ClawsupConfig, manifest: Manifest, folder: Path, entry: PluginEntry, plugin_config: dict[str, Any], problem_of: Callable[[Backend], str]
 ) -> SandboxPlan:
     pid = manifest.id
     ask = manifest.sandbox
-    op, asked_backend = _operator_grant(cfg, entry)
+    op, asked_backend = operator_grant(cfg, entry.sandbox)
     trusted = entry.trust == "trusted"
     granted, network, refused = _grant(pid, ask, op)
     backend, why_not = choose_backend(asked_backend, trusted=trusted, problem_of=problem_of)
     if backend is None:
-        key = f"plugins.entries.{pid}.sandbox.backend" if entry.sandbox.backend else "sandbox.defaults.backend"
-        raise ConfigError("", [
-            f"{key}: plugin {pid!r} is untrusted and cannot start: {why_not}. Either make an isolating backend work here "
-            "(apt-get install bubblewrap; or a Docker engine and scripts/build-sandbox-image), or, if you trust its author, "
-            f"set plugins.entries.{pid}.trust: \"trusted\" to let it run on the process backend"
-        ])  # fmt: skip
+        raise ConfigError("", [untrusted_refusal(f"plugins.entries.{pid}", f"plugin {pid!r}", entry.sandbox, why_not)])
     if ask.backend is not None and ask.backend != backend:
         refused.append(f"sandbox.backend: asked {ask.backend!r}; the backend is the operator's choice ({backend!r})")
     restart, raised = restart_policy(op.restart or RestartRequest())
@@ -258,17 +270,7 @@ def _plan(
         entry=manifest.entry,
         declared_tools=frozenset(manifest.contracts.tools),
         plugin_config=plugin_config,
-        limits=Limits(
-            call_timeout_s=granted["call_timeout_seconds"],
-            memory_bytes=granted["memory_mb"] * MiB,
-            cpu_seconds=granted["cpu_seconds"],
-            max_processes=granted["max_processes"],
-            max_open_files=granted["max_open_files"],
-            max_file_size_bytes=granted["max_file_size_mb"] * MiB,
-            cpus=granted["cpus"] or 1.0,
-            workspace_bytes=granted["max_workspace_mb"] * MiB,
-            tmp_bytes=granted["tmp_mb"] * MiB,
-        ),
+        limits=granted_limits(granted),
         restart=restart,
         backend=backend,
         network=network,
@@ -276,6 +278,21 @@ def _plan(
         protected_paths=tuple(dict.fromkeys(protected)),
         requested=ask.model_dump(by_alias=True, exclude_none=True),
         refused=tuple(refused),
+    )
+
+
+def granted_limits(granted: dict[str, Any]) -> Limits:
+    """`granted`: a value for each of LIMIT_FIELDS, in the config's units."""
+    return Limits(
+        call_timeout_s=granted["call_timeout_seconds"],
+        memory_bytes=granted["memory_mb"] * MiB,
+        cpu_seconds=granted["cpu_seconds"],
+        max_processes=granted["max_processes"],
+        max_open_files=granted["max_open_files"],
+        max_file_size_bytes=granted["max_file_size_mb"] * MiB,
+        cpus=granted["cpus"] or 1.0,
+        workspace_bytes=granted["max_workspace_mb"] * MiB,
+        tmp_bytes=granted["tmp_mb"] * MiB,
     )
 
 
