@@ -1,4 +1,6 @@
-"""The child's gRPC server: serves the one plugin it loaded until told to stop.
+"""The child's gRPC server: serves the one plugin it loaded (or, by its role, the
+workspace tools, a subagent's loop, or one MCP server's tools through
+sandbox/host/mcp_bridge.py) until told to stop.
 
 Created by `clawsup.sandbox.host.__main__` after the start gate opened; lives as long as the
 child process.
@@ -22,7 +24,7 @@ import traceback
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -36,6 +38,7 @@ from clawsup.sandbox.handshake import (
     LOAD_ERROR_EXIT,
     TOKEN_METADATA_KEY,
     GatePayload,
+    LoadError,
     format_handshake,
     format_load_error,
 )
@@ -45,6 +48,11 @@ from clawsup.sandbox.host.link import SupervisorLink
 from clawsup.sandbox.host.subagent import run_task
 from clawsup.sandbox.host.loader import PluginLoadFailed, load_error, load_plugin
 from clawsup.sandbox.socket_paths import short_address
+
+if TYPE_CHECKING:
+    # Imported where an mcp host starts, not here: the mcp SDK takes longer to import
+    # than the rest of the host, and no other sandbox needs it.
+    from clawsup.sandbox.host.mcp_bridge import CallOutcome, McpBridge
 
 PROTOCOL = "clawsup.v1"
 # The host's own stdout and stderr, duplicated in `run` before the plugin loads.
@@ -100,8 +108,10 @@ class HostServicer(pb_grpc.HostServicer):
         stop: asyncio.Event,
         runner: ExecRunner | None = None,
         workspace: Workspace | None = None,
+        bridge: McpBridge | None = None,
     ) -> None:
         self._role = gate.role
+        self._bridge = bridge
         self._runner = runner
         self._workspace = workspace
         self._token = gate.supervisor_token
@@ -124,10 +134,8 @@ class HostServicer(pb_grpc.HostServicer):
     async def Describe(self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext) -> pb.DescribeResponse:
         await _require_token(context, self._token)
         context.set_trailing_metadata(self._host_md)
-        tools = [
-            pb.ToolSpec(name=t.name, description=t.description, input_schema_json=json.dumps(t.input_schema))
-            for t in (*self._api.tools.values(), *self._api.not_served.values())
-        ]
+        described = self._bridge.tools.values() if self._bridge is not None else (*self._api.tools.values(), *self._api.not_served.values())
+        tools = [pb.ToolSpec(name=t.name, description=t.description, input_schema_json=json.dumps(t.input_schema)) for t in described]
         return pb.DescribeResponse(
             plugin_id=self._api.plugin_id, plugin_version=self._version, tools=tools, protocol=PROTOCOL
         )
@@ -135,6 +143,8 @@ class HostServicer(pb_grpc.HostServicer):
     async def InvokeTool(self, request: pb.InvokeToolRequest, context: grpc.aio.ServicerContext) -> pb.InvokeToolResponse:
         await _require_token(context, self._token)
         context.set_trailing_metadata(self._host_md)
+        if self._bridge is not None:
+            return await self._invoke_mcp(self._bridge, request)
         tool = self._api.tools.get(request.name)
         if tool is None:
             return _failure(Kind.UNKNOWN_TOOL, f"no tool named {request.name!r} in plugin {self._api.plugin_id!r}")
@@ -177,6 +187,18 @@ class HostServicer(pb_grpc.HostServicer):
             return pb.InvokeToolResponse(result=json.dumps(value), result_is_json=True)
         except (TypeError, ValueError) as e:
             return _failure(Kind.BAD_RESULT, f"tool {tool.name!r} returned a {type(value).__name__}, which is neither str nor JSON-able: {e}")
+
+    async def _invoke_mcp(self, bridge: McpBridge, request: pb.InvokeToolRequest) -> pb.InvokeToolResponse:
+        try:
+            args = json.loads(request.args_json) if request.args_json else {}
+        except json.JSONDecodeError as e:
+            return _failure(Kind.BAD_ARGUMENTS, f"arguments are not valid JSON: {e.msg} at position {e.pos}")
+        if not isinstance(args, dict):
+            return _failure(Kind.BAD_ARGUMENTS, f"arguments must be a JSON object, got {type(args).__name__}")
+        # No timer of our own: the SDK's deadline sends notifications/cancelled and
+        # answers TIMED_OUT (the supervisor's gRPC deadline adds a margin for it).
+        outcome = await bridge.call(request.name, args, request.timeout_ms / 1000 if request.timeout_ms else None, request.call_id)
+        return _mcp_response(outcome)
 
     async def _run_sync(self, tool: Tool, args: dict[str, Any], timeout: float | None, call_id: str) -> Any:
         fut = asyncio.get_running_loop().run_in_executor(self._pool, tool.handler, args)
@@ -268,6 +290,18 @@ def _failure(kind: pb.ToolFailure.Kind, message: str, tb: str = "") -> pb.Invoke
     return pb.InvokeToolResponse(error=pb.ToolFailure(kind=kind, message=message, traceback=tb))
 
 
+_MCP_FAILURES = {
+    "UNKNOWN_TOOL": Kind.UNKNOWN_TOOL, "BAD_ARGUMENTS": Kind.BAD_ARGUMENTS, "TIMED_OUT": Kind.TIMED_OUT,
+    "BAD_RESULT": Kind.BAD_RESULT, "TOOL_ERROR": Kind.TOOL_ERROR,
+}  # fmt: skip
+
+
+def _mcp_response(outcome: CallOutcome) -> pb.InvokeToolResponse:
+    if outcome.failure is not None:
+        return _failure(_MCP_FAILURES[outcome.failure], outcome.text)
+    return pb.InvokeToolResponse(result=outcome.text, result_is_json=outcome.is_json)
+
+
 def _exec_message(r: ExecResult) -> pb.ExecResult:
     """The one way an exec result goes on the wire (read back by
     supervisor/sandboxes/host_client.py `_exec_result`)."""
@@ -280,6 +314,17 @@ def _exec_message(r: ExecResult) -> pb.ExecResult:
 async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
     loop = asyncio.get_running_loop()
     link = SupervisorLink(loop)
+    if gate.role == "mcp":
+        # The MCP server's tools, no plugin. The server is started, initialized and
+        # listed before the handshake: one that cannot be is a load error to retry,
+        # not a sandbox that serves nothing.
+        from clawsup.sandbox.host.mcp_bridge import HostExits, open_bridge
+
+        assert gate.mcp is not None, "an mcp host's gate names its server"
+        api = PluginApi(plugin_id=gate.plugin_id, config={}, workspace=Path.cwd())
+        async with open_bridge(gate.mcp, link, HostExits(say=say, fail_start=_fail_start, exit=_exit)) as bridge:
+            await _listen(socket_path, gate, link, api, bridge=bridge)
+        return
     runner = workspace = None
     if gate.role == "workspace":
         # The core exec and file tools, on the workspace that is our cwd. No plugin.
@@ -298,12 +343,26 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
             _fail_load(e, plugin_dir)
     api._outbox = link.request
     api._post = link.post
+    await _listen(socket_path, gate, link, api, runner=runner, workspace=workspace)
 
+
+async def _listen(
+    socket_path: str,
+    gate: GatePayload,
+    link: SupervisorLink,
+    api: PluginApi,
+    *,
+    runner: ExecRunner | None = None,
+    workspace: Workspace | None = None,
+    bridge: McpBridge | None = None,
+) -> None:
+    """Serve gRPC on the socket, print the handshake, and stop when told to."""
+    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     health_servicer = _GuardedHealth(gate.supervisor_token)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_HostServicer_to_server(  # type: ignore[no-untyped-call]  # generated without stubs
-        HostServicer(gate=gate, api=api, link=link, health_servicer=health_servicer, stop=stop, runner=runner, workspace=workspace),
+        HostServicer(gate=gate, api=api, link=link, health_servicer=health_servicer, stop=stop, runner=runner, workspace=workspace, bridge=bridge),
         server,
     )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -348,6 +407,24 @@ def _fail_load(exc: Exception, plugin_dir: Path) -> NoReturn:
         say("clawsup host: the plugin could not load:\n" + "".join(traceback.format_exception(exc)))
     _announce(format_load_error(err))
     os._exit(LOAD_ERROR_EXIT)
+
+
+def _fail_start(message: str) -> NoReturn:
+    """The MCP server did not start (it exited, could not be reached, or did not
+    finish initialize in time): the load error line with retry=True in place of the
+    handshake. Unlike a plugin's load error this may pass, so the supervisor counts a
+    crash and restarts with backoff."""
+    say(f"clawsup host: {message}")
+    _announce(format_load_error(LoadError(message=message, retry=True)))
+    _end_descendants()
+    os._exit(LOAD_ERROR_EXIT)
+
+
+def _exit(code: int) -> NoReturn:
+    """End the host now, and whatever still runs below it."""
+    _end_descendants()
+    _flush_plugin_streams()
+    os._exit(code)
 
 
 def say(text: str) -> None:
