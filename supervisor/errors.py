@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from clawsup.sandbox.launch.launcher import ExitStatus
+from clawsup.supervisor.names import owner_label
 
 ErrorCode = Literal[
     "error", "config", "registration_refused", "tool_not_found", "tool_failed", "tool_timeout", "bad_arguments",
@@ -50,7 +51,7 @@ class RegistrationRefused(ClawsupError):
         self.owner = owner
         self.name = name
         self.reason = reason
-        super().__init__(f"plugin {owner!r} may not register tool {name!r}: {reason}")
+        super().__init__(f"{owner_label(owner)} may not register tool {name!r}: {reason}")
 
 
 class ToolNotFound(ClawsupError):
@@ -94,7 +95,7 @@ class ToolFailed(ClawsupError):
         elif kind == "invalid_arguments":
             text = f"bad arguments for tool {tool!r}: {message}"
         else:
-            text = f"tool {tool!r} (plugin {owner!r}) failed: {message}"
+            text = f"tool {tool!r} ({owner_label(owner)}) failed: {message}"
         super().__init__(text)
 
 
@@ -107,7 +108,7 @@ class ToolTimeout(ClawsupError):
         self.sandbox_id = sandbox_id
         self.limit_s = limit_s
         tail = f"; {consequence}" if consequence else ""
-        super().__init__(f"tool {tool!r} (plugin {owner!r}, sandbox {sandbox_id}) did not answer within its {limit_s:g} s timeout{tail}")
+        super().__init__(f"tool {tool!r} ({owner_label(owner)}, sandbox {sandbox_id}) did not answer within its {limit_s:g} s timeout{tail}")
 
 
 class SandboxDied(ClawsupError):
@@ -127,7 +128,7 @@ class SandboxDied(ClawsupError):
             nxt = f"; {restarts_left} restart{'s' if restarts_left != 1 else ''} left"
         else:
             nxt = f"; no restarts left, it stays failed until `clawsup restart {sandbox_id}`"
-        super().__init__(f"plugin {plugin!r} (sandbox {sandbox_id}) {status.describe()}{nxt}; see `clawsup logs {sandbox_id}`")
+        super().__init__(f"{owner_label(plugin)} (sandbox {sandbox_id}) {status.describe()}{nxt}; see `clawsup logs {sandbox_id}`")
 
 
 class SandboxUnavailable(ClawsupError):
@@ -144,7 +145,7 @@ class SandboxUnavailable(ClawsupError):
             "failed": f"; it crashed too often, fix the cause (`clawsup logs {sandbox_id}`) and run `clawsup restart {sandbox_id}`",
             "backoff": "; it restarts by itself shortly",
         }.get(state, "")
-        super().__init__(f"plugin {plugin!r} (sandbox {sandbox_id}) is {state} and cannot take calls{extra}{hint}")
+        super().__init__(f"{owner_label(plugin)} (sandbox {sandbox_id}) is {state} and cannot take calls{extra}{hint}")
 
 
 class UnknownSandbox(ClawsupError):

@@ -83,3 +83,33 @@ def test_tools_explain_without_a_gateway(tmp_path) -> None:
     assert "write" in json.loads(r.stdout)["tools"]
     sub = json.loads(run("--agent", "ops", "--subagent", "--json").stdout)
     assert sub["tools"] == ["echo", "edit", "list_dir", "read"] and sub["removed"]["sessions_spawn"] == "withheld from subagent runs"
+
+
+# MCP servers' tools are owned by `mcp:<id>` (supervisor/sandboxes/mcp_plans.py).
+AVAILABLE_MCP = {**AVAILABLE, "time_now": "mcp:time", "time_convert": "mcp:time", "Docs_search": "mcp:Docs"}
+ALL_MCP = sorted(n.lower() for n in AVAILABLE_MCP)
+
+MCP_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("group:plugins covers MCP tools", {"allow": ["group:plugins"]}, ["calc", "chaos_crash", "chaos_ok", "docs_search", "echo", "now", "time_convert", "time_now"]),
+    ("group:mcp is every MCP server's", {"allow": ["group:mcp"]}, ["docs_search", "time_convert", "time_now"]),
+    ("group:mcp:<id> is one server's", {"allow": ["group:mcp:time"]}, ["time_convert", "time_now"]),
+    ("a server's id in any case", {"allow": ["group:mcp:docs", "group:MCP:Docs"]}, ["docs_search"]),
+    ("deny one server", {"deny": ["group:mcp:time"]}, [t for t in ALL_MCP if not t.startswith("time_")]),
+    ("deny every MCP tool", {"deny": ["group:mcp"]}, ALL),
+    ("the coding profile leaves MCP tools out", {"profile": "coding", "alsoAllow": ["group:mcp:time"]}, ["edit", "exec", "list_dir", "read", "time_convert", "time_now", "write"]),
+]
+
+
+@pytest.mark.parametrize(("case", "tools", "left"), MCP_CASES, ids=[c[0] for c in MCP_CASES])
+def test_mcp_groups(case: str, tools: dict[str, Any], left: list[str]) -> None:
+    d = decide(tools, None, Caller(agent="main", owner=True), AVAILABLE_MCP)
+    assert list(d.tools) == left
+    assert not d.warnings, d.warnings
+
+
+def test_group_mcp_is_known_with_no_server() -> None:
+    """No MCP server (none configured, or all down): `group:mcp` names nothing, and is
+    no unknown group; a server's own group is, until its tools are registered."""
+    d = decide({"allow": ["read", "group:mcp", "group:mcp:time"]}, None, Caller(agent="main", owner=True), AVAILABLE)
+    assert d.tools == ("read",)
+    assert d.warnings == ("global allow: unknown group 'group:mcp:time'",)

@@ -12,7 +12,9 @@ Layers, in order; each can only narrow the set left by the ones before:
    9. sandbox              tools.sandbox.tools.allow / deny
   10. subagent             tools.subagents.tools.allow / deny (subagent turns only)
 In each: deny beats allow; an empty allow means no restriction; `alsoAllow` adds to
-that layer's allow list; `*` globs work; `group:*` names expand first. Names are
+that layer's allow list; `*` globs work; `group:*` names expand first (the core
+groups; `group:plugins`, every tool not core's, MCP servers' included;
+`group:plugin:<id>`; `group:mcp`, every MCP server's tool; `group:mcp:<id>`). Names are
 trimmed and lower-cased, `bash` means `exec` and `apply-patch` means `apply_patch`.
 An allow entry that names no known tool or group is reported, not silently ignored.
 Owner-only tools (`tools.ownerOnly`) are removed for anyone who is not an owner.
@@ -27,6 +29,9 @@ import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from clawsup.supervisor.names import MCP_OWNER_PREFIX
+from clawsup.supervisor.sandboxes.registry import CORE_OWNER
 
 ALIASES = {"bash": "exec", "apply-patch": "apply_patch"}
 CORE_GROUPS: dict[str, tuple[str, ...]] = {
@@ -88,10 +93,14 @@ def decide(config_tools: Mapping[str, Any], agent_tools: Mapping[str, Any] | Non
     """`available`: tool name -> owner (`core` or a plugin id), from the registry."""
     names = {norm_tool(n): owner for n, owner in available.items()}
     groups = dict(CORE_GROUPS)
-    plugins = sorted({o for o in names.values() if o != "core"})
-    groups["group:plugins"] = tuple(n for n, o in names.items() if o != "core")
+    plugins = sorted({o for o in names.values() if o != CORE_OWNER})
+    groups["group:plugins"] = tuple(n for n, o in names.items() if o != CORE_OWNER)
+    groups["group:mcp"] = tuple(n for n, o in names.items() if o.startswith(MCP_OWNER_PREFIX))
     for pid in plugins:
-        groups[f"group:plugin:{pid}"] = tuple(n for n, o in names.items() if o == pid)
+        # Keys as norm_tool leaves an entry: an MCP server's id may have capitals.
+        groups[f"group:plugin:{pid}".lower()] = tuple(n for n, o in names.items() if o == pid)
+        if pid.startswith(MCP_OWNER_PREFIX):
+            groups[f"group:{pid}".lower()] = groups[f"group:plugin:{pid}".lower()]
     warnings: list[str] = []
 
     def expand(entries: Iterable[str], where: str, *, check: bool) -> set[str]:

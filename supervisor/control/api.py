@@ -31,6 +31,7 @@ from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
 from clawsup.supervisor.messages.channels.cli import CliChannel
 from clawsup.supervisor.sandboxes.manager import SandboxManager
+from clawsup.supervisor.sandboxes.registry import Kind
 from clawsup.supervisor.tools.dispatch import ToolDispatcher
 from clawsup.supervisor.messages.routing import Route
 from clawsup.supervisor.sandboxes.log import Follower, read_tail, tail_lines
@@ -64,6 +65,12 @@ class StatsReq(_Req):
 
 class PluginsReq(_Req):
     op: Literal["plugins"]
+
+
+class McpReq(_Req):
+    """Each configured MCP server's sandbox, for `clawsup mcp list`."""
+
+    op: Literal["mcp"]
 
 
 class CallReq(_Req):
@@ -131,7 +138,7 @@ class ChatReq(_Req):
     thread: str | None = None
 
 
-Request = Annotated[StatusReq | StatsReq | ToolsReq | PluginsReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq, Field(discriminator="op")]
+Request = Annotated[StatusReq | StatsReq | ToolsReq | PluginsReq | McpReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq, Field(discriminator="op")]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
@@ -245,6 +252,8 @@ class ControlServer:
                 await _send(writer, {"ok": True, "data": _stats(m)})
             case PluginsReq():
                 await _send(writer, {"ok": True, "data": {"plugins": m.plugins()}})
+            case McpReq():
+                await _send(writer, {"ok": True, "data": {"servers": mcp_servers(m)}})
             case ToolsReq():
                 tools = [{"name": r.name, "owner": r.owner, "sandbox": r.sandbox_id, "description": r.description} for r in m.registry.tools()]
                 await _send(writer, {"ok": True, "data": {"tools": tools}})
@@ -328,6 +337,35 @@ class ControlServer:
                 self._on_stop()
                 # Held open: the client learns the supervisor is gone when we close.
                 await reader.read()
+
+
+def mcp_servers(m: SandboxManager) -> list[dict[str, Any]]:
+    """For `clawsup mcp list`: each MCP server's sandbox, its state, how it is reached
+    and run, the tools it serves now, its restarts, its last exit and what was refused.
+    Never the values of its `env` or `headers` (they may be secrets), nor its url."""
+    out = []
+    for sb in m.sandboxes.values():
+        plan, spec = sb.plan, sb.plan.mcp
+        if spec is None:
+            continue
+        out.append({
+            "id": spec.server_id,
+            "sandbox": sb.id,
+            "owner": plan.plugin_id,
+            "state": sb.lc.state.value,
+            "state_why": sb.lc.why,
+            "transport": spec.transport,
+            "backend": plan.backend,
+            "trust": "trusted" if plan.trusted else "untrusted",
+            # What the child really has: the process backend cannot take it away.
+            "network": plan.network or plan.backend == "process",
+            "prefix": spec.prefix,
+            "tools": sorted(r.name for r in m.registry.owned_by(plan.plugin_id) if r.kind is Kind.TOOL),
+            "restarts": sb.lc.restarts,
+            "last_exit": sb.lc.last_exit.to_json() if sb.lc.last_exit else None,
+            "refused": [*plan.refused, *(f"tool {name!r}: {why}" for name, why in sorted(sb.refusals.items()))],
+        })  # fmt: skip
+    return sorted(out, key=lambda s: s["id"])
 
 
 def _stats(m: SandboxManager) -> dict[str, Any]:

@@ -39,6 +39,8 @@ tools_app = typer.Typer(help="List and call the tools the sandboxes registered."
 app.add_typer(tools_app, name="tools")
 plugins_app = typer.Typer(help="What each plugin asked for, was granted and registered.", no_args_is_help=True)
 app.add_typer(plugins_app, name="plugins")
+mcp_app = typer.Typer(help="The MCP servers (`mcpServers`), each in a sandbox of its own.", no_args_is_help=True)
+app.add_typer(mcp_app, name="mcp")
 route_app = typer.Typer(help="Which agent and session a message would get.", no_args_is_help=True)
 app.add_typer(route_app, name="route")
 exec_app = typer.Typer(help="Screen or run a shell command the way the exec tool does.", no_args_is_help=True)
@@ -268,6 +270,41 @@ def plugins_show(plugin_id: str, state_dir: StateDir = None, as_json: JsonFlag =
     out.print("  tools: " + (", ".join(f"{n}" + ("" if n in registered else " (not registered)") for n in declared) or "none declared"), highlight=False)
     for line in p["refused"]:
         out.print(f"  [yellow]refused[/yellow] {escape(printable(line))}", highlight=False)
+
+
+MCP_HINT = "no MCP servers are configured: add them under `mcpServers` in clawsup.json (the block Claude Desktop, Cursor and Nanobot use), then restart the supervisor"
+
+
+@mcp_app.command("list")
+def mcp_list(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
+    """Each MCP server: its sandbox, state, transport, backend and trust, the tools it
+    serves, restarts and last exit (never its env or header values)."""
+    data = _data_or_fail(_call(state_dir, {"op": "mcp"}))
+    if as_json:
+        print(json.dumps(data, indent=2))
+        if not data["servers"]:
+            err.print(f"[dim]{MCP_HINT}[/dim]", highlight=False)
+        return
+    if not data["servers"]:
+        out.print(MCP_HINT, highlight=False)
+        return
+    table = Table()
+    for col in ("id", "sandbox", "state", "transport", "backend · trust", "tools", "restarts", "last exit"):
+        table.add_column(col, no_wrap=col == "state")
+    for s in data["servers"]:
+        style = STATE_STYLE.get(s["state"], "")
+        table.add_row(
+            escape(printable(s["id"])), escape(printable(s["sandbox"])),
+            "[bold red]FAILED[/bold red]" if s["state"] == SandboxState.FAILED.value else f"[{style}]{s['state']}[/{style}]",
+            s["transport"], f"{s['backend']} · {s['trust']}",
+            escape(printable(", ".join(s["tools"]) or "-")), str(s["restarts"]),
+            escape(printable((s["last_exit"] or {}).get("text", "-"))),
+        )  # fmt: skip
+    out.print(table)
+    for s in data["servers"]:
+        for line in s["refused"]:
+            out.print(f"  [yellow]refused[/yellow] {escape(printable(s['id']))}: {escape(printable(line))}", highlight=False)
+    _print_failed([{"id": s["sandbox"], "state": s["state"], "last_exit": s["last_exit"]} for s in data["servers"]])
 
 
 @tools_app.command("list")

@@ -81,7 +81,7 @@ class ChildOutput:
         if stream == "stdout" and not self.handshake.done():
             if self.load_error is None and LOAD_ERROR_MAGIC in line and (err := parse_load_error(line[line.find(LOAD_ERROR_MAGIC):])) is not None:
                 self.load_error = err
-                self._log.write("clawsup", f"the plugin could not load: {err.message}{f' (at {err.where})' if err.where else ''}")
+                self._log.write("clawsup", f"{'could not start' if err.retry else 'the plugin could not load'}: {err.message}{f' (at {err.where})' if err.where else ''}")
                 return
             # A plugin may print without a newline before the host's handshake, which
             # then lands mid-line: look for it anywhere in the line.

@@ -1,15 +1,17 @@
 """What a child may ask of the supervisor over its `Connect` stream, and the judge of
 each request. Every child may `log`. A sandbox may be given more (`Requester.services`:
 a subagent run's `model.complete`, `tool.call`, `runs.wait`, see
-supervisor/agents/run_services.py), each answered by code that knows who that sandbox is. Any
-other method is refused with a reason the child sees. `serve` answers one
-incarnation's stream for as long as the child lives.
+supervisor/agents/run_services.py; an MCP server's `mcp.tools_changed` and
+`mcp.server_exited`, see supervisor/sandboxes/supervised.py), each answered by code
+that knows who that sandbox is. Any other method is refused with a reason the child
+sees. `serve` answers one incarnation's stream for as long as the child lives.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,16 @@ MAX_LOG_MESSAGE = 8 * 1024
 # Service requests (a subagent's model and tool calls) one child may have in flight;
 # past this its stream waits, not our memory.
 MAX_SERVICE_REQUESTS = 8
+
+MCP_TOOLS_CHANGED = "mcp.tools_changed"
+"""An MCP host's server changed its tool list (`notifications/tools/list_changed`)
+and the host has listed it again: the supervisor Describes again and swaps."""
+MCP_SERVER_EXITED = "mcp.server_exited"
+"""An MCP host's server ended (`{"message": "MCP server 'time' was killed by
+SIGKILL"}`); the host exits next, and the message is its death's reason."""
+# A child's words in a reason that callers, `status` and the log repeat.
+MAX_NOTE_CHARS = 500
+_NOT_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]+")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +65,13 @@ def _log(who: Requester, payload: dict[str, Any]) -> dict[str, Any]:
         who.log.write("plugin", f"{level.upper()} {text}")
     who.log.flush()
     return {}
+
+
+def one_line(text: str, limit: int = MAX_NOTE_CHARS) -> str:
+    """A child's text as one clean line of at most `limit` characters: every control
+    character, line break, bidi control and lone surrogate becomes a space."""
+    line = " ".join(_NOT_ONE_LINE.sub(" ", text[: limit * 2]).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 ALLOWED: dict[str, Callable[[Requester, dict[str, Any]], dict[str, Any]]] = {"log": _log}

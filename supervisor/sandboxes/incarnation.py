@@ -70,6 +70,10 @@ class Incarnation:
         kill): it ends when the child has died."""
         self.closing = False
         """Set once the child is dead or its block is ending: no call is handed it."""
+        self.exit_note: str | None = None
+        """How its payload ended, as the child said just before exiting (an MCP
+        host: "MCP server 'time' was killed by SIGKILL"); bounded, one clean line.
+        Part of the death's reason."""
         self.call_ids = itertools.count(1)
         self.dial_fd: int | None = None
         """An O_PATH descriptor of the child's socket, checked once and dialled as

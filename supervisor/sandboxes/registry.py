@@ -17,8 +17,10 @@ from loguru import logger
 
 from clawsup.supervisor.tools.schemas import CompiledSchema, SchemaRefused, compile_schema, compile_schemas_off_loop
 from clawsup.supervisor.errors import RegistrationRefused
+from clawsup.supervisor.names import owner_label
 
 CORE_OWNER = "core"
+"""An MCP server's registrations are owned by `mcp:<its id>` (supervisor/sandboxes/mcp_plans.py)."""
 # What a tool's metadata may weigh: it is kept here and sent to the model on every
 # turn, so a plugin's 20 MB description would cost every conversation
 # (tests/test_trust.py::test_oversized_metadata_is_refused).
@@ -102,10 +104,10 @@ class Registry:
             return 'its input schema must be a JSON Schema object with "type": "object"'
         held = self._by_key.get((reg.kind, reg.name))
         if held is not None and held.owner != reg.owner:
-            return f"plugin {held.owner!r} already holds it"
+            return f"{owner_label(held.owner)} already holds it"
         claimant = self._claims.get((reg.kind, reg.name), reg.owner)
         if claimant != reg.owner:
-            return f"plugin {claimant!r} already holds it (loaded first)"
+            return f"{owner_label(claimant)} already holds it (loaded first)"
         return None
 
     def register(self, reg: Registration, *, declared: frozenset[str] | None = None) -> Registration:
@@ -124,6 +126,29 @@ class Registry:
                 raise RegistrationRefused(reg.owner, reg.name, f"its input schema {e}") from None
         self._by_key[(reg.kind, reg.name)] = reg
         return reg
+
+    def replace_owned(self, owner: str, kind: Kind, regs: list[Registration], *, declared: frozenset[str] | None = None) -> dict[str, str]:
+        """Swap `owner`'s registrations of `kind` for `regs`, in one step (no await,
+        so no caller ever sees a mix of the old and the new): an MCP server whose tool
+        list changed at run time. Each is judged again as `register` judges it (another
+        owner may have taken a name while the new list was compiled off the loop);
+        returns name -> why for those refused, which are simply absent afterwards."""
+        if any(r.owner != owner or r.kind is not kind for r in regs):
+            raise ValueError(f"replace_owned({owner!r}, {kind.value}) was handed another owner's or kind's registration")
+        old = {r.name: r for r in self._by_key.values() if r.owner == owner and r.kind is kind}
+        for name in old:
+            del self._by_key[(kind, name)]
+        refused: dict[str, str] = {}
+        for reg in regs:
+            try:
+                self.register(reg, declared=declared)
+            except RegistrationRefused as e:
+                refused[reg.name] = e.reason
+        new = {r.name for r in self._by_key.values() if r.owner == owner and r.kind is kind}
+        added, removed = sorted(new - old.keys()), sorted(old.keys() - new)
+        if added or removed:
+            logger.info("{} now holds {} {}(s): added {}; removed {}", owner, len(new), kind.value, ", ".join(added) or "none", ", ".join(removed) or "none")
+        return refused
 
     def reclaim(self, owner: str) -> list[Registration]:
         """Remove everything `owner` holds, in one step, and return it. Called on

@@ -7,13 +7,15 @@ work of each phase is done by a piece with one job:
 - `bring_up.BringUp`: launching a child and bringing it up to its Describe;
 - `registrations.ToolAcceptance`: which described tools it may hold;
 - `watches`: the heartbeat and the disk watch of a ready child;
-- `child_requests.serve`: answering the child's Connect stream;
+- `child_requests.serve`: answering the child's Connect stream (for an MCP server's
+  sandbox also the host's news: its tool list changed, its server ended);
 - `calls.Calls`: tool calls, execs and subagent runs into a ready child.
 
-Created by the `SandboxManager` for each plugin it loads; its `supervise()` task is
-owned by the manager's task group and lives as long as the supervisor. Each
-incarnation (one child process) is one `running` block (supervisor/sandboxes/incarnation.py)
-holding a task group of its own: the bring-up, the heartbeat and the child's stream.
+Created by the `SandboxManager` for each plugin (or MCP server) it loads; its
+`supervise()` task is owned by the manager's task group and lives as long as the
+supervisor. Each incarnation (one child process) is one `running` block
+(supervisor/sandboxes/incarnation.py) holding a task group of its own: the bring-up,
+the heartbeat and the child's stream.
 When the child dies the group ends; when the block ends for any reason, the child and
 everything it started are killed, and nothing of that incarnation is left running.
 """
@@ -35,9 +37,10 @@ from clawsup.sandbox.launch.launcher import ChildUser, ExitStatus, Launcher
 from clawsup.sandbox.protected import ProtectedPathError
 from clawsup.supervisor.errors import SandboxUnavailable
 from clawsup.supervisor.sandboxes import child_requests, watches
-from clawsup.supervisor.sandboxes.bring_up import BringUp, LaunchFailed, SandboxDirs
+from clawsup.supervisor.sandboxes.bring_up import DESCRIBE_TIMEOUT_S, BringUp, LaunchFailed, SandboxDirs
 from clawsup.supervisor.sandboxes.calls import CallResult, Calls, OutputSink
 from clawsup.supervisor.sandboxes.disk_usage import WorkspaceDisk
+from clawsup.supervisor.sandboxes.host_client import CallAborted, HostMisbehaved, HostUnreachable
 from clawsup.supervisor.sandboxes.incarnation import Incarnation, Timing, running
 from clawsup.supervisor.sandboxes.lifecycle import ALIVE, Lifecycle, SandboxState, Transition
 from clawsup.supervisor.sandboxes.log import SandboxLog
@@ -111,6 +114,8 @@ class SupervisedSandbox:
         self._stop_wanted = False
         self._stop_reason = ""
         self._changed = asyncio.Event()
+        self._relisting = asyncio.Lock()
+        """One MCP tool-list swap at a time: each Describes, judges and swaps in turn."""
 
     @property
     def workspace_dir(self) -> Path:
@@ -292,17 +297,24 @@ class SupervisedSandbox:
         after the callers know (a cgroup holding much memory empties slowly)."""
         inc.closing = True
         load = inc.output.load_error if raw.code == LOAD_ERROR_EXIT and self._state() is S.STARTING else None
-        if load is not None:
-            reason = f"could not load: {load.message}{f' (at {load.where})' if load.where else ''}"
+        # A load error that may pass (an MCP server that exited or did not finish
+        # `initialize`) is a crash like any other: backoff, and `failed` once the
+        # restart budget is spent. One that may not (the plugin does not load) is
+        # `failed` now, and no death against the budget.
+        fatal = load if load is not None and not load.retry else None
+        if fatal is not None:
+            reason = f"could not load: {fatal.message}{f' (at {fatal.where})' if fatal.where else ''}"
+        elif load is not None:
+            reason = f"could not start: {load.message}"
         else:
-            reason = "; ".join(r for r in (inc.kill_reason, await _quietly(inc.child.diagnose(), "")) if r)
+            reason = "; ".join(r for r in (inc.kill_reason, inc.exit_note, await _quietly(inc.child.diagnose(), "")) if r)
         status = ExitStatus(code=raw.code, signal=raw.signal, reason=reason)
         gone = self._registry.reclaim(self.plan.plugin_id)
         draining = self._state() is S.DRAINING
         delay: float | None = None
         if not draining:
             self.lc.last_exit = status
-            if load is None:  # a plugin that does not load is no death against the budget
+            if fatal is None:
                 delay = self._budget.death()
         inc.declare_dead(status)
         # From the callers' news to `crashed`, no await: a caller told of the death
@@ -315,12 +327,12 @@ class SupervisedSandbox:
             logger.info("{}: pid {} {}", self.id, inc.child.pid, status.describe())
         else:
             tail = " | ".join(list(self.log.stderr_tail)[-3:])
-            logger.warning("{}: pid {} {}{}{}", self.id, inc.child.pid, status.describe(), tools, f"; last stderr: {tail}" if tail and load is None else "")
+            logger.warning("{}: pid {} {}{}{}", self.id, inc.child.pid, status.describe(), tools, f"; last stderr: {tail}" if tail and fatal is None else "")
             self.lc.enter(S.CRASHED, status.describe())
         # Descendants may outlive the leader (a fork that called setsid, a grandchild
         # still writing); the group and the cgroup go with it, before any restart.
         await _quietly(inc.child.kill_all(), None)
-        return Ended(status, delay, failed=reason if load is not None else None)
+        return Ended(status, delay, failed=reason if fatal is not None else None)
 
     async def _life(self, inc: Incarnation) -> None:
         """Bring-up, then heartbeat and stream, until the child dies (when the
@@ -336,17 +348,56 @@ class SupervisedSandbox:
         desc = await self._bring_up.connect(inc)
         if desc is None or self._state() is not S.STARTING:
             return  # failed (the kill is on its way), or being stopped meanwhile
-        if self.plan.role == "plugin":
+        if self.plan.role in ("plugin", "mcp"):
             judged = await self._tools.judge(desc.tools)
             if self._state() is not S.STARTING:
                 return  # stopped while its schemas compiled: its death has reclaimed
             self._tools.accept(judged)
         self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
-        who = child_requests.Requester(sandbox_id=self.id, plugin_id=self.plan.plugin_id, log=self.log, services=self._services)
+        services = dict(self._services)
+        if self.plan.role == "mcp":
+            # Bound to this incarnation: news from a child that is gone changes nothing.
+            services[child_requests.MCP_TOOLS_CHANGED] = lambda payload: self._mcp_tools_changed(inc)
+            services[child_requests.MCP_SERVER_EXITED] = lambda payload: self._mcp_server_exited(inc, payload)
+        who = child_requests.Requester(sandbox_id=self.id, plugin_id=self.plan.plugin_id, log=self.log, services=services)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(watches.heartbeat(inc, self._timing), name=f"{self.id}#{inc.number} heartbeat")
             tg.create_task(self._disk.watch(inc), name=f"{self.id}#{inc.number} disk")
             tg.create_task(child_requests.serve(inc, who), name=f"{self.id}#{inc.number} stream")
+
+    # -- an MCP host's news (child_requests.MCP_*) ------------------------------------
+
+    async def _mcp_tools_changed(self, inc: Incarnation) -> dict[str, Any]:
+        """The server's tool list changed and the host has its new one: Describe it,
+        judge it (schemas compiled off the loop) and swap the registrations in one
+        step, if `inc` is still the ready child by then. One at a time, so that a
+        burst of changes ends with the last list."""
+        async with self._relisting:
+            if not self._serving(inc):
+                raise ValueError("this child is no longer the sandbox's ready one; its tool list was not taken")
+            assert inc.client is not None
+            try:
+                desc = await inc.client.describe(DESCRIBE_TIMEOUT_S)
+            except (HostUnreachable, HostMisbehaved, CallAborted) as e:
+                raise ValueError(f"could not Describe its new tool list: {e}") from None
+            judged = await self._tools.judge(desc.tools)
+            if not self._serving(inc):  # it died or is stopping: its death has reclaimed
+                raise ValueError("this child is no longer the sandbox's ready one; its tool list was not taken")
+            return {"tools": self._tools.accept_relist(judged)}
+
+    async def _mcp_server_exited(self, inc: Incarnation, payload: dict[str, Any]) -> dict[str, Any]:
+        """The host's server ended and the host is about to exit: how it ended
+        becomes this child's death reason, for the callers in flight, the log and
+        `last exit`."""
+        message = payload.get("message")
+        if not isinstance(message, str) or not message.strip():
+            raise ValueError("mcp.server_exited needs {\"message\": a non-empty string}")
+        inc.exit_note = child_requests.one_line(message)
+        self.log.event(f"the host reports: {inc.exit_note}")
+        return {}
+
+    def _serving(self, inc: Incarnation) -> bool:
+        return self.inc is inc and self._state() is S.READY and not inc.closing
 
     # -- stopping and killing ------------------------------------------------------
 

@@ -5,7 +5,8 @@ A name goes to its registration: a core tool to its workspace sandbox
 (supervisor/tools/workspaces.py), a plugin's tool to the sandbox that registered it.
 The arguments are checked against the tool's schema before either
 (supervisor/tools/arguments.py): a call that does not fit never reaches a handler.
-A declared tool whose sandbox is not ready says so, with its last exit.
+A declared tool (or an MCP server's name) whose sandbox is not ready says so, with
+its last exit.
 
 Created by the gateway (and by scripts/bench.py) once the set of sandboxes and the
 workspaces exist; lives as long as they do.
@@ -56,7 +57,10 @@ class ToolDispatcher:
         reg = self.registry.get(Kind.TOOL, name)
         if reg is None:
             for sb in self._sandboxes.sandboxes.values():
-                if name in sb.plan.declared_tools and sb.lc.state is not SandboxState.READY:
+                # An MCP server's names are known only while it runs; one of its prefix
+                # is taken as its (`time_*` while `mcp-time` restarts).
+                ours = name in sb.plan.declared_tools or (sb.plan.mcp is not None and sb.plan.mcp.server_name(name) is not None)
+                if ours and sb.lc.state is not SandboxState.READY:
                     raise sb.unavailable()
             raise ToolNotFound(name, [r.name for r in self.registry.tools()])
         if reg.sandbox_id is None:
