@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from clawsup.supervisor.control.api import ControlClient
+from tests.mcp_fixtures import mcp_server_time  # noqa: F401  (a fixture: mcp-server-time from PyPI, in a venv of its own)
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "plugins"
