@@ -42,7 +42,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from clawsup.sandbox.host.mcp_stdio import ServerProcess, stdio_transport
+from clawsup.sandbox.host.mcp_stdio import ServerProcess, SpawnedServer, refuse_dumps, stdio_transport
 from clawsup.sandbox.mcp_spec import McpServerSpec
 
 SERVER_GONE_EXIT = 75
@@ -111,8 +111,10 @@ class McpBridge:
     connection and its tasks and returns it once the server has initialized and
     listed its tools; lives until the host stops or the server ends."""
 
-    def __init__(self, spec: McpServerSpec, link: SupervisorRequests, host: HostExits, tg: asyncio.TaskGroup) -> None:
+    def __init__(self, spec: McpServerSpec, link: SupervisorRequests, host: HostExits, tg: asyncio.TaskGroup, spawned: SpawnedServer | None) -> None:
         self.spec = spec
+        self._spawned = spawned
+        self._started_at = spawned.started_at if spawned is not None else asyncio.get_running_loop().time()
         self.label = f"MCP server {spec.server_id!r}"
         self.tools: dict[str, ServedTool] = {}
         """Served name -> tool. Replaced whole, never edited: Describe reads it as is."""
@@ -159,7 +161,8 @@ class McpBridge:
 
     @asynccontextmanager
     async def _stdio(self) -> AsyncIterator[TransportStreams]:
-        async with stdio_transport(self.spec, label=self.label, say=self._host.say) as (process, read, write):
+        assert self._spawned is not None, "a stdio server is started before the bridge (server.py)"
+        async with stdio_transport(self._spawned, say=self._host.say) as (process, read, write):
             self._process = process
             self.spawn(self._watch(process))
             yield read, write
@@ -221,7 +224,7 @@ class McpBridge:
         limit = self.spec.initialize_timeout_s
         stage = "initialize"
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout_at(self._started_at + limit):
                 session = await asyncio.shield(self._session)
                 await session.initialize()
                 stage = "initialize and tools/list"
@@ -469,25 +472,16 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {_cut(text[0], LOGGED_CHARS)}" if text else type(e).__name__
 
 
-def _refuse_dumps() -> None:
-    """The server runs as the host's uid; non-dumpable, the host's /proc entries
-    (environ, mem, fds) are closed to it, and with them the host's tokens. Cleared
-    again in the server by its exec, so the server itself is unaffected."""
-    PR_SET_DUMPABLE = 4
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
-
-
 @asynccontextmanager
-async def open_bridge(spec: McpServerSpec, link: SupervisorRequests, host: HostExits) -> AsyncIterator[McpBridge]:
+async def open_bridge(spec: McpServerSpec, link: SupervisorRequests, host: HostExits, spawned: SpawnedServer | None) -> AsyncIterator[McpBridge]:
     """Start the server (or reach it), initialize, list its tools, and yield the
     bridge; the host prints its handshake inside. Does not return on failure: the
     host ends (`HostExits`). On the way out the connection closes and the server's
-    group is killed."""
-    _refuse_dumps()
+    group is killed. `spawned`: the stdio server, already started (server.py), or None
+    for a remote one."""
+    refuse_dumps()
     async with asyncio.TaskGroup() as tg:
-        bridge = McpBridge(spec, link, host, tg)
+        bridge = McpBridge(spec, link, host, tg, spawned)
         connection = bridge.spawn(bridge.hold_connection())
         try:
             await bridge.start()

@@ -22,25 +22,30 @@ is one message; a line longer than `MAX_LINE_BYTES` is a protocol violation (the
 server is killed, and the kill says why); a line that is not a JSON-RPC message is
 dropped and logged (the first `NOISE_LOGGED_FIRST`, then one count per
 `NOISE_COUNT_EVERY`), and never reaches the session.
+
+The server is started (`spawn_server`) before anything imports the SDK: importing it
+costs the host about 0.8 s, and the server, in its own process, boots meanwhile
+rather than after (scripts/bench.py figure (o)). So this module imports the SDK only
+once the pipes open (`stdio_transport`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from typing import cast
-
-import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.shared.message import SessionMessage
-from mcp.types import jsonrpc_message_adapter
+from typing import TYPE_CHECKING, cast
 
 from clawsup.sandbox.mcp_spec import McpServerSpec
+
+if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from mcp.shared.message import SessionMessage
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """The longest stdout line (one JSON-RPC message) the host reads. Far past any sane
@@ -135,14 +140,24 @@ class ServerProcess:
         return f" (last stderr: {' | '.join(self.stderr_tail)})" if self.stderr_tail else ""
 
 
-@asynccontextmanager
-async def stdio_transport(
-    spec: McpServerSpec, *, label: str, say: Say
-) -> AsyncIterator[tuple[ServerProcess, MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]]:
-    """Start the server and yield it with the session's stream pair. Raises OSError
-    if it cannot be started. On the way out: stdin closed, `STOP_GRACE_S` for the
-    server to exit, then its group killed."""
+@dataclass(frozen=True, eq=False)
+class SpawnedServer:
+    """A server process `spawn_server` started, not yet connected to a session."""
+
+    process: ServerProcess
+    transport: asyncio.SubprocessTransport
+    protocol: _ServerProtocol
+    started_at: float
+    """The loop's clock when it was started: its initialize timeout counts from here."""
+
+
+async def spawn_server(spec: McpServerSpec, *, label: str, say: Say) -> SpawnedServer:
+    """Start the server: its own session and process group, pipes on all three
+    streams. Raises OSError if it cannot be started. The host is made non-dumpable
+    first (`refuse_dumps`)."""
+    refuse_dumps()
     loop = asyncio.get_running_loop()
+    started_at = loop.time()
     transport, protocol = await loop.subprocess_exec(
         lambda: _ServerProtocol(MAX_LINE_BYTES, loop),
         spec.command,
@@ -154,9 +169,34 @@ async def stdio_transport(
         cwd=os.getcwd(),
         start_new_session=True,
     )
-    assert protocol.stdin is not None and protocol.stdout is not None and protocol.stderr is not None
     process = ServerProcess(label=label, pid=transport.get_pid(), exited=protocol.exited)
     say(f"{label}: started {spec.command} as pid {process.pid}")
+    return SpawnedServer(process=process, transport=transport, protocol=protocol, started_at=started_at)
+
+
+def refuse_dumps() -> None:
+    """The server runs as the host's uid; non-dumpable, the host's /proc entries
+    (environ, mem, fds) are closed to it: defence in depth, not the wall (the
+    sandbox is; see README "MCP servers" for what the server can still reach). Cleared
+    again in the server by its exec, so the server itself is unaffected."""
+    PR_SET_DUMPABLE = 4
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+@asynccontextmanager
+async def stdio_transport(
+    spawned: SpawnedServer, *, say: Say
+) -> AsyncIterator[tuple[ServerProcess, MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]]:
+    """Connect a started server's pipes to a session's stream pair and yield them with
+    the process. On the way out: stdin closed, `STOP_GRACE_S` for the server to exit,
+    then its group killed."""
+    import anyio
+    from mcp.shared.message import SessionMessage
+
+    transport, protocol, process = spawned.transport, spawned.protocol, spawned.process
+    assert protocol.stdin is not None and protocol.stdout is not None and protocol.stderr is not None
     # Unbuffered, as the SDK's own: a line is read only when the session takes the last.
     to_session, from_server = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     to_server, from_session = anyio.create_memory_object_stream[SessionMessage](0)
@@ -197,6 +237,10 @@ class _Pipes:
     async def read(self, stdout: asyncio.StreamReader, sink: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
         """Server stdout -> session, a line at a time. Ends at EOF (the session then
         sees the connection closed), or when the server breaks the line bound."""
+        import anyio
+        from mcp.shared.message import SessionMessage
+        from mcp.types import jsonrpc_message_adapter
+
         label = self._process.label
         async with sink:
             while True:

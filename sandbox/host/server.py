@@ -148,12 +148,9 @@ class HostServicer(pb_grpc.HostServicer):
         tool = self._api.tools.get(request.name)
         if tool is None:
             return _failure(Kind.UNKNOWN_TOOL, f"no tool named {request.name!r} in plugin {self._api.plugin_id!r}")
-        try:
-            args = json.loads(request.args_json) if request.args_json else {}
-        except json.JSONDecodeError as e:
-            return _failure(Kind.BAD_ARGUMENTS, f"arguments are not valid JSON: {e.msg} at position {e.pos}")
-        if not isinstance(args, dict):
-            return _failure(Kind.BAD_ARGUMENTS, f"arguments must be a JSON object, got {type(args).__name__}")
+        args = _arguments(request)
+        if isinstance(args, pb.InvokeToolResponse):
+            return args
         timeout = request.timeout_ms / 1000 if request.timeout_ms else None
         try:
             if tool.is_async:
@@ -189,12 +186,9 @@ class HostServicer(pb_grpc.HostServicer):
             return _failure(Kind.BAD_RESULT, f"tool {tool.name!r} returned a {type(value).__name__}, which is neither str nor JSON-able: {e}")
 
     async def _invoke_mcp(self, bridge: McpBridge, request: pb.InvokeToolRequest) -> pb.InvokeToolResponse:
-        try:
-            args = json.loads(request.args_json) if request.args_json else {}
-        except json.JSONDecodeError as e:
-            return _failure(Kind.BAD_ARGUMENTS, f"arguments are not valid JSON: {e.msg} at position {e.pos}")
-        if not isinstance(args, dict):
-            return _failure(Kind.BAD_ARGUMENTS, f"arguments must be a JSON object, got {type(args).__name__}")
+        args = _arguments(request)
+        if isinstance(args, pb.InvokeToolResponse):
+            return args
         # No timer of our own: the SDK's deadline sends notifications/cancelled and
         # answers TIMED_OUT (the supervisor's gRPC deadline adds a margin for it).
         outcome = await bridge.call(request.name, args, request.timeout_ms / 1000 if request.timeout_ms else None, request.call_id)
@@ -286,6 +280,17 @@ class HostServicer(pb_grpc.HostServicer):
             stopping.cancel()
 
 
+def _arguments(request: pb.InvokeToolRequest) -> dict[str, Any] | pb.InvokeToolResponse:
+    """A call's arguments as a dict, or the failure that answers a call whose are not."""
+    try:
+        args = json.loads(request.args_json) if request.args_json else {}
+    except json.JSONDecodeError as e:
+        return _failure(Kind.BAD_ARGUMENTS, f"arguments are not valid JSON: {e.msg} at position {e.pos}")
+    if not isinstance(args, dict):
+        return _failure(Kind.BAD_ARGUMENTS, f"arguments must be a JSON object, got {type(args).__name__}")
+    return args
+
+
 def _failure(kind: pb.ToolFailure.Kind, message: str, tb: str = "") -> pb.InvokeToolResponse:
     return pb.InvokeToolResponse(error=pb.ToolFailure(kind=kind, message=message, traceback=tb))
 
@@ -318,11 +323,22 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
         # The MCP server's tools, no plugin. The server is started, initialized and
         # listed before the handshake: one that cannot be is a load error to retry,
         # not a sandbox that serves nothing.
+        assert gate.mcp is not None, "an mcp host's gate names its server"
+        spawned = None
+        if gate.mcp.transport == "stdio":
+            # Started before the SDK is imported (0.8 s), so that the server boots
+            # meanwhile (sandbox/host/mcp_stdio.py).
+            from clawsup.sandbox.host.mcp_stdio import spawn_server
+
+            label = f"MCP server {gate.mcp.server_id!r}"
+            try:
+                spawned = await spawn_server(gate.mcp, label=label, say=say)
+            except OSError as e:
+                _fail_start(f"{label} could not be started ({gate.mcp.command}): {e.strerror or e}")
         from clawsup.sandbox.host.mcp_bridge import HostExits, open_bridge
 
-        assert gate.mcp is not None, "an mcp host's gate names its server"
         api = PluginApi(plugin_id=gate.plugin_id, config={}, workspace=Path.cwd())
-        async with open_bridge(gate.mcp, link, HostExits(say=say, fail_start=_fail_start, exit=_exit)) as bridge:
+        async with open_bridge(gate.mcp, link, HostExits(say=say, fail_start=_fail_start, exit=_exit), spawned) as bridge:
             await _listen(socket_path, gate, link, api, bridge=bridge)
         return
     runner = workspace = None
