@@ -410,7 +410,10 @@ def test_a_pyenv_shim_is_resolved_and_other_shims_are_refused(tmp_path: Path) ->
     assert any(p.mcp.command.startswith(v + "/") for v in p.visible_paths), (p.mcp.command, p.visible_paths)
 
 
-def test_editable_installs_in_a_venv_are_shown(tmp_path: Path) -> None:
+def test_folders_a_pth_file_names_are_not_shown(tmp_path: Path) -> None:
+    """A .pth is package data: what it names outside the venv stays outside (an
+    editable install does not work in a sandbox; tests/test_mcp_attacks.py has the
+    hostile package)."""
     venv = make_venv(tmp_path / "venv")
     src = tmp_path / "src" / "myserver"
     src.mkdir(parents=True)
@@ -418,7 +421,7 @@ def test_editable_installs_in_a_venv_are_shown(tmp_path: Path) -> None:
     (site / "__editable__.myserver-0.1.pth").write_text(f"{src}\nimport os\n")
     console_script(venv, "srv", "myserver")
     p = one({"t": {"command": str(venv / "bin" / "srv")}}, tmp_path)
-    assert str(src) in p.visible_paths and str(venv) in p.visible_paths
+    assert str(src) not in p.visible_paths and str(venv) in p.visible_paths
 
 
 # -- inside the sandbox ------------------------------------------------------------

@@ -8,8 +8,8 @@ the host paths bwrap and docker bind read-only at their own paths
 What is made visible, for the file the command names (its real path, symlinks
 followed):
 - inside a Python venv (a `pyvenv.cfg` above it): the venv, and the prefix of the
-  interpreter it was made from (`home` in pyvenv.cfg, less a trailing /bin), and the
-  folders its `.pth` files name (editable installs);
+  interpreter it was made from (`home` in pyvenv.cfg, less a trailing /bin); never
+  folders its `.pth` files name outside it (see `_venv_needs`);
 - a bare Python interpreter outside a venv (`<prefix>/bin/python3.X`): its prefix;
 - inside a `node_modules` folder: the outermost `node_modules` above it, where Node
   looks for the package's dependencies;
@@ -43,7 +43,7 @@ from clawsup.supervisor.errors import ConfigError
 MAX_INTERPRETERS = 4
 """Nested `#!` interpreters followed (Linux itself follows a few levels only)."""
 MAX_PTH_PATHS = 32
-"""Folders taken from one venv's .pth files, at most."""
+"""Folders named by one venv's .pth files that the notes mention, at most."""
 SHEBANG_BYTES = 256
 """The kernel reads this much of a `#!` line (BINPRM_BUF_SIZE)."""
 PYENV_TIMEOUT_S = 20.0
@@ -208,8 +208,13 @@ def _venv_root(p: Path) -> Path | None:
 
 
 def _venv_needs(venv: Path, walk: _Walk) -> None:
-    """The base interpreter's prefix, and the folders the venv's .pth files add to
-    sys.path (editable installs), where they lie outside the venv."""
+    """The base interpreter's prefix (`home` in pyvenv.cfg, where a Python is).
+
+    Folders that the venv's .pth files name outside it are not made visible: a .pth
+    is package data, written by whatever the operator installed, and binding what it
+    names would let a package choose which of the operator's folders the sandbox
+    reads (tests/test_mcp_attacks.py). An editable install (`pip install -e`) is one;
+    a note says that its folder stays outside."""
     home = ""
     try:
         for line in (venv / "pyvenv.cfg").read_text(errors="replace").splitlines():
@@ -220,8 +225,11 @@ def _venv_needs(venv: Path, walk: _Walk) -> None:
         pass
     if home:
         base = Path(home)
-        _add(base.parent if base.name == "bin" else base, walk, what="the venv's base interpreter")
-    added = 0
+        if any((base / name).is_file() for name in ("python3", "python")):
+            _add(base.parent if base.name == "bin" else base, walk, what="the venv's base interpreter")
+        else:
+            walk.notes.append(f"{venv}/pyvenv.cfg names home = {home}, where there is no Python; nothing of it is made visible")
+    named = 0
     for pth in sorted(venv.glob("lib/python*/site-packages/*.pth")):
         try:
             lines = pth.read_text(errors="replace").splitlines()
@@ -229,11 +237,12 @@ def _venv_needs(venv: Path, walk: _Walk) -> None:
             continue
         for line in lines:
             line = line.strip()
-            if not line.startswith("/") or added >= MAX_PTH_PATHS:
-                continue  # comments, `import` lines, relative entries (inside the venv)
-            if os.path.isdir(line) and not _is_relative(Path(os.path.realpath(line)), venv):
-                _add(Path(line), walk, what=f"a folder {pth.name} puts on sys.path")
-                added += 1
+            if line.startswith("/") and not _is_relative(Path(os.path.realpath(line)), venv) and named < MAX_PTH_PATHS:
+                named += 1
+                walk.notes.append(
+                    f"{pth.name} puts {line} on sys.path (an editable install?); it is not made visible to the sandbox: "
+                    "install the package without -e"
+                )
 
 
 def _add(path: Path, walk: _Walk, *, what: str) -> None:

@@ -73,9 +73,31 @@ def build_mcp_plans(
             plans.append(_plan(cfg, sid, entry, host, problem_of))
         except ConfigError as e:
             problems += e.problems
+    problems += _overlapping_prefixes(plans)
     if problems:
         raise ConfigError("", problems)
     return plans
+
+
+def _overlapping_prefixes(plans: list[SandboxPlan]) -> list[str]:
+    """Servers whose prefixes overlap could each serve a name of the other's (`acme_`
+    listing `docs_lookup` is `acme_docs_lookup`, which `acme_docs_` serves as
+    `lookup`), and which one holds it would depend on who starts first: a server in
+    backoff would find its name taken (tests/test_mcp_attacks.py). Plugins are kept
+    apart by their declared names; servers, which declare none, by prefixes that
+    never begin one another."""
+    out = []
+    specs = sorted((p.mcp for p in plans if p.mcp is not None), key=lambda m: m.server_id)
+    for i, a in enumerate(specs):
+        for b in specs[i + 1 :]:
+            short, long = (a, b) if len(a.prefix) <= len(b.prefix) else (b, a)
+            if long.prefix.startswith(short.prefix):
+                out.append(
+                    f"mcpServers.{long.server_id}: its tool prefix {long.prefix!r} begins with that of mcpServers.{short.server_id} "
+                    f"({short.prefix!r}), so either server could register a name the other serves; set a toolPrefix on one "
+                    "so that neither begins the other"
+                )
+    return out
 
 
 def initialize_timeout(handshake_timeout_s: float) -> float:

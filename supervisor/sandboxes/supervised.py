@@ -55,6 +55,13 @@ T = TypeVar("T")
 SETTLED = frozenset({S.READY, S.CRASHED, S.BACKOFF, S.FAILED})
 
 
+RELIST_MIN_INTERVAL_S = 0.5
+"""An MCP server's tool-list changes are taken at most this often..."""
+RELIST_SPACING = 3.0
+"""...and, after one that cost the supervisor t seconds, no sooner than 3t after it:
+at most a quarter of a core, whatever the server sends."""
+
+
 @dataclass(frozen=True)
 class Ended:
     """How one incarnation ended, and what the supervision loop does next."""
@@ -115,6 +122,8 @@ class SupervisedSandbox:
         self._stop_reason = ""
         self._changed = asyncio.Event()
         self._relisting = asyncio.Lock()
+        self._relists_asked = self._relists_done = self._relisted_tools = 0
+        self._next_relist_at = 0.0
         """One MCP tool-list swap at a time: each Describes, judges and swaps in turn."""
 
     @property
@@ -370,20 +379,40 @@ class SupervisedSandbox:
     async def _mcp_tools_changed(self, inc: Incarnation) -> dict[str, Any]:
         """The server's tool list changed and the host has its new one: Describe it,
         judge it (schemas compiled off the loop) and swap the registrations in one
-        step, if `inc` is still the ready child by then. One at a time, so that a
-        burst of changes ends with the last list."""
+        step, if `inc` is still the ready child by then. One at a time, and coalesced:
+        requests that arrive while one waits are answered by the next re-list, which
+        takes whatever the host holds by then. Rate-bound: a re-list starts no sooner
+        than RELIST_SPACING times the last one's cost after it ended (at least
+        RELIST_MIN_INTERVAL_S), so a server that changes its list without end, with
+        schemas that must each be compiled again, holds a bounded share of the
+        supervisor's CPU (tests/test_mcp_attacks.py::test_a_storm_of_tool_list_changes_is_bounded)."""
+        self._relists_asked += 1
+        ticket = self._relists_asked
         async with self._relisting:
+            if self._relists_done >= ticket:
+                return {"tools": self._relisted_tools}
+            loop = asyncio.get_running_loop()
+            # A rate bound, not a synchronisation: the host's list is taken whole after it.
+            await asyncio.sleep(max(0.0, self._next_relist_at - loop.time()))
+            covered = self._relists_asked
             if not self._serving(inc):
                 raise ValueError("this child is no longer the sandbox's ready one; its tool list was not taken")
             assert inc.client is not None
+            began = loop.time()
             try:
-                desc = await inc.client.describe(DESCRIBE_TIMEOUT_S)
-            except (HostUnreachable, HostMisbehaved, CallAborted) as e:
-                raise ValueError(f"could not Describe its new tool list: {e}") from None
-            judged = await self._tools.judge(desc.tools)
-            if not self._serving(inc):  # it died or is stopping: its death has reclaimed
-                raise ValueError("this child is no longer the sandbox's ready one; its tool list was not taken")
-            return {"tools": self._tools.accept_relist(judged)}
+                try:
+                    desc = await inc.client.describe(DESCRIBE_TIMEOUT_S)
+                except (HostUnreachable, HostMisbehaved, CallAborted) as e:
+                    raise ValueError(f"could not Describe its new tool list: {e}") from None
+                judged = await self._tools.judge(desc.tools)
+                if not self._serving(inc):  # it died or is stopping: its death has reclaimed
+                    raise ValueError("this child is no longer the sandbox's ready one; its tool list was not taken")
+                self._relisted_tools = self._tools.accept_relist(judged)
+                self._relists_done = covered
+                return {"tools": self._relisted_tools}
+            finally:
+                ended = loop.time()
+                self._next_relist_at = ended + max(RELIST_MIN_INTERVAL_S, RELIST_SPACING * (ended - began))
 
     async def _mcp_server_exited(self, inc: Incarnation, payload: dict[str, Any]) -> dict[str, Any]:
         """The host's server ended and the host is about to exit: how it ended
