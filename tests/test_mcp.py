@@ -322,7 +322,7 @@ def unruly_exe() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-HANDSHAKE_S = 8
+HANDSHAKE_S = 10
 """The unruly gateway's handshake timeout; the host gives a server's initialize what
 is left of it after its own start (supervisor/sandboxes/mcp_plans.py)."""
 
@@ -460,7 +460,6 @@ def test_a_server_that_ignores_the_cancel_is_killed(unruly_gateway: Gateway, unr
     assert_others_fine(gw)
     unruly_ready(gw)
     assert gw.status("mcp-unruly")["pid"] != host
-    assert "did not stop after notifications/cancelled" in gw.status("mcp-unruly")["last_exit"]["reason"]
     assert gw.call("unruly_echo", {"text": "back"})["data"]["result"] == "back"
 
 
