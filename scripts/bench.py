@@ -3,7 +3,7 @@ to a baseline measured in the same run (these machines are noisy; compare ratios
 and writes the numbers as JSON to --out.
 
     python scripts/bench.py [--out bench.json] [--calls 2000] [--starts 30] [--crashes 50]
-    python scripts/bench.py --only g|h|i|m|n|ab   (one figure)
+    python scripts/bench.py --only g|h|i|m|n|ab|mcp   (one figure)
 
 Figures (see issue 2):
   (a) warm tool call, supervisor -> plugin -> supervisor, through ToolDispatcher.invoke
@@ -48,6 +48,19 @@ Figure (issue 13):
       ten plugin sandboxes restart in a loop (a `restart` op after another on each),
       p50/p90/p99, and the `clawsup status` command once that way and once idle
       baseline: the same op with nothing restarting, in interleaved blocks
+Figure (issue 15), `--only mcp`; the server is mcp-server-time, installed on first
+use into a venv under /var/tmp/clawsup-bench:
+  (o) an MCP server's sandbox on bwrap (untrusted) and on process (trusted):
+      cold start, a start asked of the manager -> ready (host up, server initialized
+      and listed, its tools registered), `--mcp-starts` times
+      baseline: the `mcp` SDK's stdio_client + ClientSession starting the same server
+      (spawn, initialize, tools/list until the list returns); beside it, the cold start
+      of the plain basics plugin's sandbox on the same backend (the sandbox's own
+      start), interleaved round by round; the target is
+      (clawsup - sandbox start) / direct <= 1.3
+      warm call, one tools/call through ToolDispatcher.invoke, `--mcp-calls` times
+      baseline: the same SDK session's call_tool to the same server, in interleaved
+      blocks; target <= 1.3x
 Figures (issue 6), skipped (and said) without an engine and the image:
   (j) docker cold start, spawn to ready; floor: `docker run --rm IMAGE /bin/true`
       through the same SDK
@@ -844,6 +857,195 @@ async def _bench_runs(a: Any, manager: SandboxManager, launchers: dict[str, Any]
         results[key] = await bench_subagent(manager, tmp, a.runs, backend) if backend in launchers else {"skipped": bwrap_problem()}
 
 
+# -- (o) an MCP server in a sandbox (issue 15) -----------------------------------------
+
+MCP_VENV = Path("/var/tmp/clawsup-bench/mcp-server-time")
+"""Where the bench installs the server it measures, on first use (kept between runs;
+outside the bench's temporary folder, and outside HOME, which no sandbox may see)."""
+MCP_ARGS = ["--local-timezone", "UTC"]
+"""The same argv for both sides; a fixed zone also spares the server guessing it."""
+MCP_TOOL = "get_current_time"
+MCP_TOOL_ARGS = {"timezone": "UTC"}
+
+
+def mcp_server_command() -> str:
+    """`mcp-server-time` (the reference servers' own, on the same `mcp` SDK as clawsup),
+    installed with pip into a venv of the bench's own if it is not there yet."""
+    exe = MCP_VENV / "bin" / "mcp-server-time"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(MCP_VENV)], check=True)
+        subprocess.run([str(MCP_VENV / "bin" / "pip"), "install", "-q", "mcp-server-time"], check=True)
+    return str(exe)
+
+
+async def mcp_direct_start(command: str) -> float:
+    """The baseline of a cold start: the official SDK's stdio client spawns the server,
+    initializes and lists its tools; the clock stops when the list returns (closing
+    the server afterwards is not counted)."""
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    t0 = time.perf_counter()
+    async with stdio_client(StdioServerParameters(command=command, args=MCP_ARGS)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        listed = await session.list_tools()
+        took = (time.perf_counter() - t0) * 1000
+    assert MCP_TOOL in {t.name for t in listed.tools}, listed
+    return took
+
+
+async def mcp_direct_calls(session: Any, n: int, warmup: int) -> list[float]:
+    out = []
+    for i in range(warmup + n):
+        t0 = time.perf_counter()
+        r = await session.call_tool(MCP_TOOL, MCP_TOOL_ARGS)
+        if i >= warmup:
+            out.append((time.perf_counter() - t0) * 1000)
+        assert not r.is_error, r
+    return out
+
+
+async def mcp_clawsup_calls(tools: ToolDispatcher, name: str, n: int, warmup: int) -> list[float]:
+    out = []
+    for i in range(warmup + n):
+        t0 = time.perf_counter()
+        r = await tools.invoke(name, MCP_TOOL_ARGS)
+        if i >= warmup:
+            out.append((time.perf_counter() - t0) * 1000)
+        assert r.value()["timezone"] == "UTC", r.text
+    return out
+
+
+async def mcp_timed_start(sb: Any) -> float:
+    """Stop (not counted), then ask for a start and wait for `ready`: the host up, the
+    server initialized and listed, the tools judged and registered."""
+    await sb.stop("bench", 30)
+    t0 = time.perf_counter()
+    state = await sb.start(30)
+    took = (time.perf_counter() - t0) * 1000
+    assert state is SandboxState.READY, f"{sb.id}: {state} ({sb.lc.why})"
+    return took
+
+
+def mcp_plan(command: str, backend: str, tmp: Path) -> SandboxPlan:
+    """The plan the gateway would make of one `mcpServers` entry (untrusted on bwrap,
+    trusted on process), with the bench's restart policy (stops and starts without
+    end), as basics_plan has."""
+    from clawsup.supervisor.config import ClawsupConfig
+    from clawsup.supervisor.sandboxes.mcp_plans import build_mcp_plans
+
+    entry: dict[str, Any] = {"command": command, "args": MCP_ARGS, "sandbox": {"backend": backend}}
+    if backend == "process":
+        entry["trust"] = "trusted"
+    cfg = ClawsupConfig.model_validate({"mcpServers": {"time": entry}})
+    [plan] = build_mcp_plans(cfg, config_dir=tmp, state_dir=tmp)
+    return dataclasses.replace(plan, restart=basics_plan(backend).restart)
+
+
+async def bench_mcp(a: Any, launchers: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """Figure (o), on bwrap and on process (trusted): an MCP server's cold start
+    (start asked -> ready, its tools registered) beside the SDK's own client starting
+    the same server (spawn, initialize, tools/list) and beside the cold start of a
+    plain plugin sandbox on the same backend; and a warm tools/call through
+    ToolDispatcher.invoke beside the SDK client's call_tool. Each backend's sandboxes
+    in a manager of their own; starts interleaved round by round, calls in blocks."""
+    command = await asyncio.to_thread(mcp_server_command)
+    backends = [b for b in ("bwrap", "process") if b in launchers]
+    out: dict[str, Any] = {}
+    if "bwrap" not in launchers:
+        out["o_mcp_cold_start_bwrap_ms"] = out["o_mcp_warm_call_bwrap_ms"] = {"skipped": bwrap_problem()}
+    managers: dict[str, SandboxManager] = {}
+    ids: dict[str, tuple[str, str]] = {}  # each backend's (plugin sandbox, MCP sandbox)
+    for backend in backends:
+        paths = StatePaths(tmp / f"mcp-{backend}")
+        paths.ensure()
+        m = SandboxManager(registry=Registry(reserved=frozenset(CORE_TOOLS)), launchers={backend: launchers[backend]}, paths=paths, timing=Timing(heartbeat_interval_s=2.0), env_allowlist=["PATH", "LANG"])
+        # Sandbox ids of their own: every manager here shares this process's cgroup root.
+        plugin = m.add(basics_plan(backend, f"basics-{backend}-o"))
+        plan = await asyncio.to_thread(mcp_plan, command, backend, tmp)
+        server = m.add(dataclasses.replace(plan, sandbox_id=f"{plan.sandbox_id}-{backend}"))
+        managers[backend], ids[backend] = m, (plugin.id, server.id)
+    stop = asyncio.Event()
+    direct: list[float] = []
+    starts: dict[str, dict[str, list[float]]] = {b: {"plugin": [], "mcp": []} for b in backends}
+    calls: dict[str, dict[str, list[float]]] = {b: {"direct": [], "clawsup": []} for b in backends}
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for m in managers.values():
+                ready = asyncio.Event()
+                tg.create_task(m.run(ready, stop, start_timeout=60, stop_timeout=10))
+                await ready.wait()
+            for _ in range(a.mcp_starts):
+                direct.append(await mcp_direct_start(command))
+                for backend, m in managers.items():
+                    plugin, server = ids[backend]
+                    starts[backend]["plugin"].append(await mcp_timed_start(m.sandboxes[plugin]))
+                    starts[backend]["mcp"].append(await mcp_timed_start(m.sandboxes[server]))
+
+            from mcp.client.session import ClientSession
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
+            block = max(a.mcp_calls // 10, 1)
+            async with stdio_client(StdioServerParameters(command=command, args=MCP_ARGS)) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                await session.list_tools()
+                for backend, m in managers.items():
+                    spec = m.sandboxes[ids[backend][1]].plan.mcp
+                    assert spec is not None
+                    name = spec.served_name(MCP_TOOL)
+                    tools = ToolDispatcher(m, None)
+                    for _ in range(10):
+                        calls[backend]["direct"] += await mcp_direct_calls(session, block, 20)
+                        calls[backend]["clawsup"] += await mcp_clawsup_calls(tools, name, block, 20)
+            stop.set()
+    finally:
+        for m in managers.values():
+            await m.aclose()
+    d = summary(direct)
+    for backend in backends:
+        f, s = summary(starts[backend]["mcp"]), summary(starts[backend]["plugin"])
+        out[f"o_mcp_cold_start_{backend}_ms"] = {
+            "figure": f,
+            "baseline": d,
+            "baseline_name": "mcp SDK stdio_client + ClientSession: spawn, initialize, tools/list",
+            "sandbox_start": s,
+            "sandbox_start_name": f"cold start of the basics plugin's sandbox on {backend} ((b)), same rounds",
+            # The target: (clawsup - the sandbox's own start) / direct <= 1.3.
+            "less_sandbox_over_direct": {p: (f[p] - s[p]) / d[p] for p in ("p50", "p99")},
+        }
+        c = calls[backend]
+        out[f"o_mcp_warm_call_{backend}_ms"] = {
+            "figure": summary(c["clawsup"]),
+            "baseline": summary(c["direct"]),
+            "baseline_name": "mcp SDK ClientSession.call_tool over stdio, same server",
+        }
+    return out
+
+
+def print_mcp(r: dict[str, Any]) -> None:
+    print(f"(o) MCP server `mcp-server-time {' '.join(MCP_ARGS)}`, tool {MCP_TOOL}")
+    print(f"{'':<40}{'p50':>10}{'p99':>10}   ratio p50 / p99")
+    for backend in ("bwrap", "process"):
+        cold, warm = r.get(f"o_mcp_cold_start_{backend}_ms"), r.get(f"o_mcp_warm_call_{backend}_ms")
+        if cold is None or warm is None:
+            continue
+        if "skipped" in cold:
+            print(f"  {backend}: skipped: {cold['skipped']}")
+            continue
+        where = "bwrap" if backend == "bwrap" else "process (trusted)"
+        f, b, s, less = cold["figure"], cold["baseline"], cold["sandbox_start"], cold["less_sandbox_over_direct"]
+        label = f"{where}, cold start, ms ({f['n']})"
+        print(f"  {label:<38}{f['p50']:>10.1f}{f['p99']:>10.1f}   {f['p50'] / b['p50']:.2f}x / {f['p99'] / b['p99']:.2f}x")
+        print(f"  {'  direct: SDK stdio_client':<38}{b['p50']:>10.1f}{b['p99']:>10.1f}")
+        own = "  the sandbox's own start (basics)"
+        print(f"  {own:<38}{s['p50']:>10.1f}{s['p99']:>10.1f}")
+        print(f"  {'  (clawsup - sandbox start) / direct':<38}{'':>20}   {less['p50']:.2f}x / {less['p99']:.2f}x   (target <= 1.3x)")
+        f, b = warm["figure"], warm["baseline"]
+        label = f"{where}, warm call, ms ({f['n']})"
+        print(f"  {label:<38}{f['p50']:>10.3f}{f['p99']:>10.3f}   {f['p50'] / b['p50']:.2f}x / {f['p99'] / b['p99']:.2f}x   (target <= 1.3x)")
+        print(f"  {'  direct: SDK call_tool':<38}{b['p50']:>10.3f}{b['p99']:>10.3f}")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench.json")
@@ -853,7 +1055,9 @@ async def main() -> None:
     ap.add_argument("--execs", type=int, default=500)
     ap.add_argument("--messages", type=int, default=2000, help="per (g) run, spread over the sessions (at least 2 per session)")
     ap.add_argument("--g-sessions", default=",".join(map(str, G_SESSIONS)), help="the counts of sessions (g) runs over")
-    ap.add_argument("--only", choices=["g", "h", "i", "m", "n", "ab"], help="run only this figure (ab: (a) and (b) on process and bwrap)")
+    ap.add_argument("--only", choices=["g", "h", "i", "m", "n", "ab", "mcp"], help="run only this figure (ab: (a) and (b) on process and bwrap; mcp: (o))")
+    ap.add_argument("--mcp-starts", type=int, default=20, help="(o): cold starts each way")
+    ap.add_argument("--mcp-calls", type=int, default=500, help="(o): warm calls each way, per backend")
     ap.add_argument("--status-calls", type=int, default=1000, help="(n): `status` calls each way, restarting and idle")
     ap.add_argument("--status-backend", choices=["process", "bwrap"], help="(n): the ten sandboxes' backend (default: bwrap where it works)")
     ap.add_argument("--turns", type=int, default=500)
@@ -901,14 +1105,17 @@ async def main() -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(manager.run(ready, stop, start_timeout=60, stop_timeout=10))
             await ready.wait()
-            if a.only == "ab":
+            if a.only == "mcp":
+                results |= await bench_mcp(a, launchers, tmp)
+            elif a.only == "ab":
                 results["a_warm_call_ms"] = await figure_a(manager, echo_path, a.calls)
                 results["b_cold_start_ms"] = await figure_b(manager, a.starts)
                 await _bwrap_plugin_figures(a, launchers, tmp, echo_path, results)
             elif a.only != "m":
                 await _all_in_manager(a, manager, launchers, tmp, echo_proc, echo_path, results)
                 await _bwrap_plugin_figures(a, launchers, tmp, echo_path, results)
-            if a.only != "ab":
+                results |= await bench_mcp(a, launchers, tmp)
+            if a.only not in ("ab", "mcp"):
                 await _bench_runs(a, manager, launchers, tmp, results)
             stop.set()
     finally:
@@ -917,9 +1124,13 @@ async def main() -> None:
         await manager.aclose()
         warden.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    if a.only in ("m", "ab"):
+    if a.only in ("m", "ab", "mcp"):
         Path(a.out).write_text(json.dumps(results, indent=2))
-        print_table(results)
+        if a.only == "mcp":
+            print(f"machine: {results['machine']}")
+            print_mcp(results)
+        else:
+            print_table(results)
         return
 
     results["g_messages"] = await bench_messages(a.messages, tuple(int(x) for x in a.g_sessions.split(",")))
@@ -932,6 +1143,7 @@ async def main() -> None:
     print_policy(results["i_policy_200_tools_ms"])
     print_docker(results["docker"])
     print_status(results["n_status_while_restarting_ms"])
+    print_mcp(results)
     print(f"\nJSON written to {a.out}")
 
 
