@@ -464,6 +464,26 @@ def test_a_server_that_ignores_the_cancel_is_killed(unruly_gateway: Gateway, unr
 
 
 @pytest.mark.fault
+def test_a_server_whose_handlers_never_stop_is_killed(unruly_gateway: Gateway, unruly_exe: Path) -> None:
+    """A sync tool runs in one of the server's worker threads, so the server answers
+    the ping after each cancel while its threads fill up. Three such calls in a row,
+    none finished between: killed, and the sandbox restarts."""
+    gw = unruly_gateway
+    host = unruly_ready(gw)
+    server = unruly_pid(gw, unruly_exe)
+    for _ in range(2):
+        assert error_of(gw.call("unruly_hang_sync", timeout=1))["code"] == "tool_timeout"
+    assert unruly_pid(gw, unruly_exe) == server  # two are a slow server, not a stuck one
+    assert error_of(gw.call("unruly_hang_sync", timeout=1))["code"] == "tool_timeout"
+    line = gw.wait_log("mcp-unruly", "calls in a row after notifications/cancelled", timeout=20)
+    assert "MCP server 'unruly' did not finish 3 calls in a row" in line and "unruly_hang_sync" in line
+    assert wait_gone([server, host]) == []
+    assert_others_fine(gw)
+    unruly_ready(gw)
+    assert gw.call("unruly_echo", {"text": "back"})["data"]["result"] == "back"
+
+
+@pytest.mark.fault
 def test_stdout_noise_is_dropped_and_counted(unruly_gateway: Gateway, unruly_exe: Path) -> None:
     gw = unruly_gateway
     host = unruly_ready(gw)

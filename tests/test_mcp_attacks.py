@@ -631,7 +631,10 @@ def test_a_daemon_and_a_killed_host_leave_nothing_behind(attack_gw: Gateway) -> 
     gw = attack_gw
     marker = "mcp-atk-daemon-" + secrets.token_hex(6)
     assert result_of(gw.call("reaper_daemon", {"marker": marker})) == "daemon started"
-    daemons = processes_with(marker)
+    # The double fork returns before the grandchild has set itself up: wait for it.
+    deadline = time.monotonic() + 10
+    while len(daemons := processes_with(marker)) != 1 and time.monotonic() < deadline:
+        threading.Event().wait(0.05)
     assert len(daemons) == 1, daemons
     restarts = gw.status("mcp-reaper")["restarts"]
     killed = error_of(gw.call("reaper_kill_host", timeout=30))

@@ -373,7 +373,8 @@ def test_a_command_inside_the_state_directory_is_refused(tmp_path: Path) -> None
 
 def test_not_found_names_what_was_searched(tmp_path: Path) -> None:
     [line] = problems({"t": {"command": "no-such-mcp-server", "env": {"PATH": "/nowhere:/also/nowhere"}}}, tmp_path)
-    assert line.startswith("mcpServers.t.command: 'no-such-mcp-server' was not found on this host (searched mcpServers.t.env.PATH: /nowhere:/also/nowhere)"), line
+    assert line.startswith("mcpServers.t.command: 'no-such-mcp-server' was not found on this host (searched mcpServers.t.env.PATH)"), line
+    assert "/nowhere" not in line  # the entry's env values are never shown
     [line] = problems({"t": {"command": "./bin/missing"}}, tmp_path)
     assert f"looked for {tmp_path / 'config' / 'bin' / 'missing'}" in line
     script = executable(tmp_path / "s", "#!/usr/bin/env no-such-interpreter\n")

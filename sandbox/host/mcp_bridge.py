@@ -56,6 +56,11 @@ MAX_DESCRIBE_BYTES = 3 * 1024 * 1024
 answer must stay under the supervisor's 4 MiB message bound
 (supervisor/sandboxes/host_client.py MAX_MESSAGE_BYTES)."""
 MAX_LIST_PAGES = 100
+MAX_UNSTOPPED_CALLS = 3
+"""Calls in a row that were cancelled (or overran) and whose server still answered a
+ping: a server that runs its tools in worker threads answers pings while each of
+those threads is stuck, until none is left. Past this many, with no call finished
+between, it is killed."""
 EXIT_REPORT_TIMEOUT_S = 1.0
 RELIST_SETTLE_S = 0.05
 """After notifications/tools/list_changed, how long the host lets a burst of them
@@ -122,7 +127,10 @@ class McpBridge:
         self._host = host
         self._tg = tg
         self._session: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
-        self._process: ServerProcess | None = None
+        self._process: ServerProcess | None = spawned.process if spawned is not None else None
+        self._unstopped = 0
+        """Cancelled calls in a row since the last one that finished (MAX_UNSTOPPED_CALLS)."""
+        self._url_shown = _shown_url(spec.url)
         self._http_refusal = ""
         self._handshaken = False
         self._closing = asyncio.Event()
@@ -152,7 +160,7 @@ class McpBridge:
                 await _until_the_end()
             else:
                 how = "lost its connection" if self._handshaken else "could not be reached"
-                await self.server_gone(f"{self.label} at {self.spec.url} {how}: {_why(e)}{self._refusal()}")
+                await self.server_gone(f"{self.label} at {self._url_shown} {how}: {_why(e)}{self._refusal()}")
 
     def _transport(self) -> AbstractAsyncContextManager[TransportStreams]:
         if self.spec.transport == "stdio":
@@ -199,6 +207,15 @@ class McpBridge:
             # message is what `clawsup mcp list` shows as its last exit.
             await self.server_gone(f"{self.label} {process.how_it_ended()} before initialize finished{await process.last_words()}")
 
+    def _scrub(self, text: str) -> str:
+        """What the host says of the server leaves the sandbox (the log, `clawsup mcp
+        list`, a caller's error): the url's query and credentials, and every env and
+        header value, never do (an HTTP library's error quotes them)."""
+        for secret in sorted({self.spec.url, *self.spec.headers.values(), *self.spec.env.values()}, key=len, reverse=True):
+            if len(secret) >= 4:
+                text = text.replace(secret, self._url_shown if secret == self.spec.url else "<hidden>")
+        return text
+
     async def server_gone(self, message: str) -> NoReturn:
         """The server ended, cannot be reached, or was killed for cause. Before the
         handshake a load error the supervisor retries; after it, the sandbox's end.
@@ -206,6 +223,7 @@ class McpBridge:
         if self._gone:
             await _until_the_end()
         self._gone = True
+        message = self._scrub(message)
         if self._process is not None:
             self._process.kill(message)
         if not self._handshaken:
@@ -237,10 +255,10 @@ class McpBridge:
             elif self.spec.transport == "stdio":
                 await self.server_gone(f"{self.label} could not be started within {limit:g} s ({self.spec.command})")
             else:
-                await self.server_gone(f"{self.label} at {self.spec.url} did not finish {stage} within {limit:g} s{self._refusal()}")
+                await self.server_gone(f"{self.label} at {self._url_shown} did not finish {stage} within {limit:g} s{self._refusal()}")
         except MCPError as e:
-            if e.code == types.CONNECTION_CLOSED:
-                await _until_the_end()  # the server is gone: its watcher or the connection says how
+            if e.code == types.CONNECTION_CLOSED and self._process is not None:
+                await _until_the_end()  # the server is gone: its watcher says how
             await self.server_gone(f"{self.label} refused {stage}: {e.message} (MCP error {e.code}){self._refusal()}")
         except Exception as e:  # a result that is not MCP, a protocol version we do not speak
             await self.server_gone(f"{self.label} failed during {stage}: {_why(e)}")
@@ -362,17 +380,22 @@ class McpBridge:
             self.spawn(self._expect_stop(session, call_id, served))
             raise
         except MCPError as e:
-            if e.code == types.CONNECTION_CLOSED:
+            if e.code == types.CONNECTION_CLOSED and self._process is not None:
                 await _until_the_end()  # the server is gone; the supervisor fails this call
+            if e.code == types.CONNECTION_CLOSED:
+                # A remote server's stream for this call ended without an answer; the
+                # connection itself may be fine (if not, its task ends the host).
+                return CallOutcome(failure="TOOL_ERROR", text=self._scrub(f"{self.label} dropped the call to {tool.server_name!r} without an answer ({e.message})"))
             if e.code == types.REQUEST_TIMEOUT:
                 self.spawn(self._expect_stop(session, call_id, served))
                 return CallOutcome(failure="TIMED_OUT", text=f"{self.label}: tool {served!r} did not finish within {timeout or 0:g} s; sent notifications/cancelled")
             kind: FailureKind = "BAD_ARGUMENTS" if e.code == types.INVALID_PARAMS else "TOOL_ERROR"
-            return CallOutcome(failure=kind, text=_bounded(f"{self.label} refused the call to {tool.server_name!r}: {e.message} (MCP error {e.code})"))
+            return CallOutcome(failure=kind, text=_bounded(self._scrub(f"{self.label} refused the call to {tool.server_name!r}: {e.message} (MCP error {e.code})")))
         except (ValidationError, UnexpectedClaimedResult, RuntimeError) as e:
             # A result that is not a CallToolResult, or does not match the tool's own
             # outputSchema (the SDK checks), or asks for input we cannot give.
             return CallOutcome(failure="BAD_RESULT", text=_bounded(f"{self.label} answered the call to {tool.server_name!r} with a result clawsup cannot use: {_why(e)}"))
+        self._unstopped = 0
         return outcome_of(result)
 
     async def _expect_stop(self, session: ClientSession, call_id: str, served: str) -> None:
@@ -384,6 +407,12 @@ class McpBridge:
             # holds the write at a full pipe, which the SDK's own deadline does not cover.
             async with asyncio.timeout(self.spec.cancel_grace_s):
                 await session.send_ping()
+            self._unstopped += 1
+            if self._unstopped >= MAX_UNSTOPPED_CALLS and self._process is not None:
+                self._process.kill(
+                    f"{self.label} did not finish {self._unstopped} calls in a row after notifications/cancelled (the last "
+                    f"{call_id}, {served}), though it answers pings: its handlers do not stop; killed it"
+                )
             return
         except MCPError:
             return  # the connection is gone: its watcher speaks
@@ -460,6 +489,22 @@ def _bounded(text: str) -> str:
 
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _shown_url(url: str) -> str:
+    """A remote server's address as messages show it: scheme, host, port and path;
+    never credentials or the query, where hosted servers often carry a key."""
+    from urllib.parse import urlsplit
+
+    if not url:
+        return ""
+    try:
+        u = urlsplit(url)
+        host = u.hostname or ""
+        port = f":{u.port}" if u.port else ""
+    except ValueError:
+        return "<the configured url>"
+    return f"{u.scheme}://{host}{port}{u.path}"
 
 
 def _why(e: BaseException) -> str:

@@ -122,6 +122,8 @@ def resolve_install(command: str, *, server_id: str, env: Mapping[str, str], bac
 def _where(command: str, walk: _Walk) -> str:
     if "/" in command:
         return f"looked for {_as_path(command, walk.host.config_dir)}"
+    if walk.search_from.endswith(".env.PATH"):
+        return f"searched {walk.search_from}"  # the entry's env: its values are never shown
     return f"searched {walk.search_from}: {walk.search_path or '(empty)'}"
 
 

@@ -29,13 +29,13 @@ from clawsup.sandbox.manifest import TOOL_NAME_PATTERN, RestartRequest
 from clawsup.sandbox.mcp_spec import McpServerSpec
 from clawsup.supervisor.config import ClawsupConfig, McpServerEntry
 from clawsup.supervisor.errors import ConfigError
+from clawsup.supervisor.names import MCP_OWNER_PREFIX
 from clawsup.supervisor.sandboxes.mcp_install import Host, resolve_install
 from clawsup.supervisor.sandboxes.plans import (
     LIMIT_FIELDS, SandboxPlan, choose_backend, granted_limits, operator_grant, restart_policy, untrusted_refusal,
 )  # fmt: skip
 
 SANDBOX_PREFIX = "mcp-"
-OWNER_PREFIX = "mcp:"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 """`${VAR}`, `${VAR:-default}` (the default also when VAR is set but empty, as in a
 shell). Anything else, a lone `$` included, stays as written."""
@@ -171,6 +171,10 @@ def _plan(cfg: ClawsupConfig, sid: str, entry: McpServerEntry, host: Host, probl
 
     env = _expand_all(entry.env, f"{key}.env", host.environ, problems)
     headers = _expand_all(entry.headers, f"{key}.headers", host.environ, problems)
+    for name, value in headers.items():
+        # An HTTP client's refusal of a bad value quotes it: caught here, named by key.
+        if not re.fullmatch(r"[\x20-\x7e\t]*", value) or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+            problems.append(f"{key}.headers.{name}: not a valid HTTP header (printable ASCII only, no line breaks; its value is not shown)")
     if entry.transport == "http" and not re.match(r"^https?://", entry.url or "", re.IGNORECASE):
         problems.append(f"{key}.url: must be an http:// or https:// address (the server's streamable HTTP endpoint)")
     command, args = "", list(entry.args)
@@ -208,7 +212,7 @@ def _plan(cfg: ClawsupConfig, sid: str, entry: McpServerEntry, host: Host, probl
     )
     return SandboxPlan(
         sandbox_id=SANDBOX_PREFIX + sid.lower(),
-        plugin_id=OWNER_PREFIX + sid,
+        plugin_id=MCP_OWNER_PREFIX + sid,
         plugin_dir=None,
         plugin_version="mcp",
         entry="",

@@ -310,7 +310,9 @@ class SupervisedSandbox:
         # `initialize`) is a crash like any other: backoff, and `failed` once the
         # restart budget is spent. One that may not (the plugin does not load) is
         # `failed` now, and no death against the budget.
-        fatal = load if load is not None and not load.retry else None
+        # Only an MCP host's word counts for that: a plugin's retry would turn its
+        # load error into a restart loop.
+        fatal = load if load is not None and not (load.retry and self.plan.role == "mcp") else None
         if fatal is not None:
             reason = f"could not load: {fatal.message}{f' (at {fatal.where})' if fatal.where else ''}"
         elif load is not None:

@@ -94,6 +94,12 @@ async def hang_hard(seconds: float = 3600) -> str:
 
 
 @server.tool(structured_output=False)
+def hang_sync(seconds: float = 3600) -> str:
+    time.sleep(seconds)  # a sync tool runs in a worker thread: pings are still answered
+    return "woke up"
+
+
+@server.tool(structured_output=False)
 def flood(lines: int = 5000) -> str:
     for i in range(lines):
         os.write(WIRE, f"unruly noise line {i}: this is not JSON-RPC\n".encode())
