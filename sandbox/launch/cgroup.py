@@ -82,8 +82,13 @@ class Cgroup:
     def pids(self) -> list[int]:
         out: set[int] = set()
         for d in self.dirs:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except OSError as e:
+                # A cgroup being removed meanwhile reads as gone (ENOENT) or, on v1,
+                # as no device (ENODEV): either way it holds no process.
+                if e.errno not in (errno.ENOENT, errno.ENODEV):
+                    raise
         return sorted(out)
 
     def kill_all(self) -> None:
