@@ -50,6 +50,11 @@ class McpServerSpec:
     """After `notifications/cancelled`, how long the server has to show it still
     answers (a ping) before the host kills it."""
 
+    @property
+    def label(self) -> str:
+        """How messages name the server: `MCP server 'time'`."""
+        return f"MCP server {self.server_id!r}"
+
     def served_name(self, tool: str) -> str:
         return self.prefix + tool
 

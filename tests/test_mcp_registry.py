@@ -185,7 +185,7 @@ def test_replace_owned_touches_only_that_owner_and_kind() -> None:
     registry.register(Registration(kind=Kind.TOOL, name="t_old", owner="mcp:t", sandbox_id="mcp-t"))
     registry.register(Registration(kind=Kind.SERVICE, name="t_svc", owner="mcp:t", sandbox_id="mcp-t"))
     new = [Registration(kind=Kind.TOOL, name=n, owner="mcp:t", sandbox_id="mcp-t", input_schema={"type": "object"}) for n in ("t_new", "echo", "exec")]
-    refused = registry.replace_owned("mcp:t", Kind.TOOL, new)
+    refused = registry.replace_owned("mcp:t", Kind.TOOL, new).refused
     assert refused == {"echo": "plugin 'basics' already holds it", "exec": "the name belongs to a core tool"}
     assert [r.name for r in registry.tools()] == ["echo", "exec", "t_new"]
     assert registry.get(Kind.SERVICE, "t_svc") is not None

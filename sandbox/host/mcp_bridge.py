@@ -42,7 +42,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from clawsup.sandbox.host.mcp_stdio import ServerProcess, SpawnedServer, refuse_dumps, stdio_transport
+from clawsup.sandbox.host.mcp_stdio import ServerProcess, SpawnedServer, stdio_transport
 from clawsup.sandbox.mcp_spec import McpServerSpec
 
 SERVER_GONE_EXIT = 75
@@ -120,7 +120,7 @@ class McpBridge:
         self.spec = spec
         self._spawned = spawned
         self._started_at = spawned.started_at if spawned is not None else asyncio.get_running_loop().time()
-        self.label = f"MCP server {spec.server_id!r}"
+        self.label = spec.label
         self.tools: dict[str, ServedTool] = {}
         """Served name -> tool. Replaced whole, never edited: Describe reads it as is."""
         self._link = link
@@ -524,7 +524,6 @@ async def open_bridge(spec: McpServerSpec, link: SupervisorRequests, host: HostE
     host ends (`HostExits`). On the way out the connection closes and the server's
     group is killed. `spawned`: the stdio server, already started (server.py), or None
     for a remote one."""
-    refuse_dumps()
     async with asyncio.TaskGroup() as tg:
         bridge = McpBridge(spec, link, host, tg, spawned)
         connection = bridge.spawn(bridge.hold_connection())

@@ -151,11 +151,10 @@ class SpawnedServer:
     """The loop's clock when it was started: its initialize timeout counts from here."""
 
 
-async def spawn_server(spec: McpServerSpec, *, label: str, say: Say) -> SpawnedServer:
+async def spawn_server(spec: McpServerSpec, *, say: Say) -> SpawnedServer:
     """Start the server: its own session and process group, pipes on all three
-    streams. Raises OSError if it cannot be started. The host is made non-dumpable
-    first (`refuse_dumps`)."""
-    refuse_dumps()
+    streams. Raises OSError if it cannot be started. The host has made itself
+    non-dumpable before (`refuse_dumps`, sandbox/host/server.py)."""
     loop = asyncio.get_running_loop()
     started_at = loop.time()
     transport, protocol = await loop.subprocess_exec(
@@ -169,8 +168,8 @@ async def spawn_server(spec: McpServerSpec, *, label: str, say: Say) -> SpawnedS
         cwd=os.getcwd(),
         start_new_session=True,
     )
-    process = ServerProcess(label=label, pid=transport.get_pid(), exited=protocol.exited)
-    say(f"{label}: started {spec.command} as pid {process.pid}")
+    process = ServerProcess(label=spec.label, pid=transport.get_pid(), exited=protocol.exited)
+    say(f"{spec.label}: started {spec.command} as pid {process.pid}")
     return SpawnedServer(process=process, transport=transport, protocol=protocol, started_at=started_at)
 
 

@@ -324,17 +324,17 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
         # listed before the handshake: one that cannot be is a load error to retry,
         # not a sandbox that serves nothing.
         assert gate.mcp is not None, "an mcp host's gate names its server"
+        from clawsup.sandbox.host.mcp_stdio import refuse_dumps, spawn_server
+
+        refuse_dumps()
         spawned = None
         if gate.mcp.transport == "stdio":
             # Started before the SDK is imported (0.8 s), so that the server boots
             # meanwhile (sandbox/host/mcp_stdio.py).
-            from clawsup.sandbox.host.mcp_stdio import spawn_server
-
-            label = f"MCP server {gate.mcp.server_id!r}"
             try:
-                spawned = await spawn_server(gate.mcp, label=label, say=say)
+                spawned = await spawn_server(gate.mcp, say=say)
             except OSError as e:
-                _fail_start(f"{label} could not be started ({gate.mcp.command}): {e.strerror or e}")
+                _fail_start(f"{gate.mcp.label} could not be started ({gate.mcp.command}): {e.strerror or e}")
         from clawsup.sandbox.host.mcp_bridge import HostExits, open_bridge
 
         api = PluginApi(plugin_id=gate.plugin_id, config={}, workspace=Path.cwd())

@@ -80,17 +80,12 @@ class ToolAcceptance:
         """An MCP server's new tool list in place of its old one, in one synchronous
         step (Registry.replace_owned): a caller finds either list whole, never a mix.
         Refusals are named as at a start. Returns how many tools it now holds."""
-        owner = self._plan.plugin_id
-        before = self._held()
-        late = self._registry.replace_owned(owner, Kind.TOOL, [v for _, v in judged.verdicts if isinstance(v, Registration)], declared=self._declared)
+        swap = self._registry.replace_owned(self._plan.plugin_id, Kind.TOOL, [v for _, v in judged.verdicts if isinstance(v, Registration)], declared=self._declared)
+        late = swap.refused
         refused = [(spec, v if isinstance(v, str) else late[v.name]) for spec, v in judged.verdicts if isinstance(v, str) or v.name in late]
         self._name_refusals(refused, judged.unnamed)
-        after = self._held()
-        self._log.event(f"tool list changed: now {len(after)} tool(s); added {_names(after - before)}; withdrew {_names(before - after)}")
-        return len(after)
-
-    def _held(self) -> set[str]:
-        return {r.name for r in self._registry.owned_by(self._plan.plugin_id) if r.kind is Kind.TOOL}
+        self._log.event(f"tool list changed: now {swap.held} tool(s); added {_names(swap.added)}; withdrew {_names(swap.removed)}")
+        return swap.held
 
     def _name_refusals(self, refused: list[tuple[ToolSpec | UnreadableTool, str]], unnamed: int) -> None:
         self.refusals = {}
@@ -139,7 +134,7 @@ class ToolAcceptance:
         return None
 
 
-def _names(names: set[str]) -> str:
+def _names(names: list[str]) -> str:
     """A few names for a log line; the rest counted."""
     if not names:
         return "none"

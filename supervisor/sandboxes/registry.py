@@ -20,7 +20,6 @@ from clawsup.supervisor.errors import RegistrationRefused
 from clawsup.supervisor.names import owner_label
 
 CORE_OWNER = "core"
-"""An MCP server's registrations are owned by `mcp:<its id>` (supervisor/sandboxes/mcp_plans.py)."""
 # What a tool's metadata may weigh: it is kept here and sent to the model on every
 # turn, so a plugin's 20 MB description would cost every conversation
 # (tests/test_trust.py::test_oversized_metadata_is_refused).
@@ -29,6 +28,17 @@ MAX_SCHEMA_BYTES = 32 * 1024
 # What one plugin's input schemas may weigh in all: compiling them (0.3 s for 31 KB)
 # is what a start of the plugin costs the supervisor, at every restart.
 MAX_PLUGIN_SCHEMA_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class Swap:
+    """What `Registry.replace_owned` changed for one owner and kind."""
+
+    held: int
+    added: list[str]
+    removed: list[str]
+    refused: dict[str, str]
+    """Name -> why, for those of the new list that were not registered."""
 
 
 class Kind(enum.Enum):
@@ -127,12 +137,12 @@ class Registry:
         self._by_key[(reg.kind, reg.name)] = reg
         return reg
 
-    def replace_owned(self, owner: str, kind: Kind, regs: list[Registration], *, declared: frozenset[str] | None = None) -> dict[str, str]:
+    def replace_owned(self, owner: str, kind: Kind, regs: list[Registration], *, declared: frozenset[str] | None = None) -> Swap:
         """Swap `owner`'s registrations of `kind` for `regs`, in one step (no await,
         so no caller ever sees a mix of the old and the new): an MCP server whose tool
         list changed at run time. Each is judged again as `register` judges it (another
         owner may have taken a name while the new list was compiled off the loop);
-        returns name -> why for those refused, which are simply absent afterwards."""
+        those refused are simply absent afterwards."""
         if any(r.owner != owner or r.kind is not kind for r in regs):
             raise ValueError(f"replace_owned({owner!r}, {kind.value}) was handed another owner's or kind's registration")
         old = {r.name: r for r in self._by_key.values() if r.owner == owner and r.kind is kind}
@@ -148,7 +158,7 @@ class Registry:
         added, removed = sorted(new - old.keys()), sorted(old.keys() - new)
         if added or removed:
             logger.info("{} now holds {} {}(s): added {}; removed {}", owner, len(new), kind.value, ", ".join(added) or "none", ", ".join(removed) or "none")
-        return refused
+        return Swap(held=len(new), added=added, removed=removed, refused=refused)
 
     def reclaim(self, owner: str) -> list[Registration]:
         """Remove everything `owner` holds, in one step, and return it. Called on
