@@ -220,18 +220,22 @@ class Gateway:
         assert resp["ok"], f"{sandbox} never reached {states}: {resp}"
         return resp["data"]["state"]
 
-    def wait_log(self, sandbox: str, text: str, timeout: float = 20) -> str:
+    def wait_log(self, sandbox: str, text: str | re.Pattern[str], timeout: float = 20) -> str:
         """Follow the sandbox's log (as `clawsup logs -f` does) until a line
-        containing `text` arrives; bounded by `timeout`."""
+        containing `text` (or matching it, a pattern) arrives; bounded by `timeout`."""
         follower = ControlClient(self.client.path, timeout=timeout)
         stream = follower.stream({"op": "logs", "sandbox": sandbox, "n": 1000, "follow": True}, timeout=timeout)
         first = next(stream)
+
+        def found(line: str) -> bool:
+            return text in line if isinstance(text, str) else text.search(line) is not None
+
         for line in first["data"]["lines"]:
-            if text in line:
+            if found(line):
                 stream.close()
                 return line
         for msg in stream:
-            if text in msg.get("line", ""):
+            if found(msg.get("line", "")):
                 stream.close()
                 return msg.get("line", "")
         raise AssertionError(f"log of {sandbox} ended without {text!r}")

@@ -310,9 +310,11 @@ def test_a_schema_whose_refs_double_at_each_step_is_refused_at_registration() ->
     with pytest.raises(RegistrationRefused, match="its input schema expands to more than 10,000 subschemas once its \\$refs are followed"):
         r.register(Registration(kind=Kind.TOOL, name="t", owner="p", sandbox_id="p", input_schema=doubling_refs(18)), declared=frozenset({"t"}))
     assert time.monotonic() - t0 < 2
-    # A few steps of it are fine, and a cycle (a tree) is no expansion.
-    check_arguments(registered(doubling_refs(8)), {})
-    check_arguments(registered(CYCLE), nested(5))
+    # A few steps of it are fine, and a cycle (a tree) is no expansion. What is
+    # asserted is that they are accepted, not how fast: under the full suite's load a
+    # 256-fold walk can pass the loop's 20 ms budget (CI on 35ce500).
+    check_arguments(registered(doubling_refs(8)), {}, budget_s=5)
+    check_arguments(registered(CYCLE), nested(5), budget_s=5)
 
 
 @pytest.mark.parametrize(("schema", "args"), [(CATASTROPHIC, {"s": "a" * 60 + "!"}), (CYCLE, nested(40))])

@@ -353,8 +353,12 @@ UNRULY_TOOLS = {
 }
 
 
-def unruly_ready(gw: Gateway) -> int:
-    """Waits for the unruly sandbox (a test before may have killed it); its host pid."""
+def unruly_ready(gw: Gateway, after: int | None = None) -> int:
+    """Waits for the unruly sandbox (a test before may have killed it); its host pid.
+    `after`: a host pid seen to die from outside (its process gone), whose death the
+    supervisor may not have taken in yet; until it has, the sandbox still says `ready`."""
+    if after is not None:
+        gw.wait_log("mcp-unruly", re.compile(rf"pid {after} (exited|was killed|ended)"), timeout=20)
     assert gw.wait("mcp-unruly", "ready", timeout=60) == "ready"
     assert set(owned_by(gw, "mcp:unruly")) >= UNRULY_TOOLS
     pid = gw.status("mcp-unruly")["pid"]
@@ -458,8 +462,7 @@ def test_a_server_that_ignores_the_cancel_is_killed(unruly_gateway: Gateway, unr
     assert "MCP server 'unruly'" in line and "(unruly_hang_hard)" in line
     assert wait_gone([server, host]) == []
     assert_others_fine(gw)
-    unruly_ready(gw)
-    assert gw.status("mcp-unruly")["pid"] != host
+    assert unruly_ready(gw, after=host) != host
     assert gw.call("unruly_echo", {"text": "back"})["data"]["result"] == "back"
 
 
@@ -479,7 +482,7 @@ def test_a_server_whose_handlers_never_stop_is_killed(unruly_gateway: Gateway, u
     assert "MCP server 'unruly' did not finish 3 calls in a row" in line and "unruly_hang_sync" in line
     assert wait_gone([server, host]) == []
     assert_others_fine(gw)
-    unruly_ready(gw)
+    unruly_ready(gw, after=host)
     assert gw.call("unruly_echo", {"text": "back"})["data"]["result"] == "back"
 
 
