@@ -56,6 +56,12 @@ class HandshakeError(ValueError):
 LOAD_ERROR_EXIT = 78
 """The host's exit code when the plugin could not load (EX_CONFIG in sysexits.h).
 Exit code 3 stays for the host's own unexpected failures."""
+SERVICE_FAILED_EXIT = 70
+"""The host's exit code when one of the plugin's services raised (EX_SOFTWARE): the
+sandbox restarts with its backoff, and the service's error is the death's reason."""
+SERVICE_STATE = "service.state"
+"""The host's word to the supervisor on the Connect stream that a service raised
+(`{"id": ..., "error": ...}`), just before it exits with SERVICE_FAILED_EXIT."""
 LOAD_ERROR_MAGIC = "CLAWSUP-LOAD-ERROR"
 MAX_LOAD_ERROR_MESSAGE = 2000
 MAX_LOAD_ERROR_WHERE = 300

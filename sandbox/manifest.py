@@ -8,12 +8,14 @@ file comes from a plugin author and crosses a trust line; errors name the key pa
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from clawsup.sandbox import offers
 from clawsup.sandbox.launch.launcher import Backend
 
 MANIFEST_NAME = "clawsup.plugin.json"
@@ -76,13 +78,53 @@ class SandboxRequest(_Model):
     restart: RestartRequest | None = None
 
 
+def _names(pattern: str, what: str) -> Any:
+    def check(names: list[str]) -> list[str]:
+        bad = [n for n in names if not isinstance(n, str) or re.fullmatch(pattern, n) is None]
+        if bad:
+            raise ValueError(f"invalid {what} {bad[:8]}; each must match {pattern}")
+        return names
+
+    return AfterValidator(check)
+
+
+def _hook_names(names: list[str]) -> list[str]:
+    unknown = sorted(set(names) - offers.HOOKS)
+    if unknown:
+        raise ValueError(f"unknown hook(s) {unknown}; the hooks are {sorted(offers.HOOKS)}")
+    return names
+
+
+def _route_paths(paths: list[str]) -> list[str]:
+    bad = [p for p in paths if not offers.valid_route(p)]
+    if bad:
+        raise ValueError(f"invalid route path(s) {bad[:8]}; a path below /plugins/<id>/ is plain segments (letters, digits, _ . ~ -) joined by /")
+    return paths
+
+
+def _command_names(names: list[str]) -> list[str]:
+    taken = sorted(set(names) & offers.BUILTIN_COMMANDS)
+    if taken:
+        raise ValueError(f"{['/' + n for n in taken]} belong to the gateway; choose other names")
+    return names
+
+
 class Contracts(_Model):
-    """The names a plugin may register. The supervisor refuses anything else."""
+    """The names a plugin may register, by kind. The supervisor refuses anything else."""
 
     tools: list[str] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
-    channels: list[str] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
-    hooks: list[str] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
-    services: list[str] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
+    channels: Annotated[list[str], _names(offers.CHANNEL_ID_PATTERN, "channel id(s)")] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
+    hooks: Annotated[list[str], AfterValidator(_hook_names)] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
+    services: Annotated[list[str], _names(offers.SERVICE_ID_PATTERN, "service id(s)")] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
+    commands: Annotated[list[str], _names(offers.COMMAND_NAME_PATTERN, "command name(s) (without the slash)"), AfterValidator(_command_names)] = Field(
+        default_factory=list, max_length=MAX_CONTRACT_NAMES
+    )
+    http_routes: Annotated[list[str], AfterValidator(_route_paths)] = Field(default_factory=list, max_length=MAX_CONTRACT_NAMES)
+
+    def declared(self, kind: offers.OfferKind) -> frozenset[str]:
+        """The names declared for one offer kind."""
+        by_kind = {"hook": self.hooks, "command": self.commands, "service": self.services, "channel": self.channels, "http_route": self.http_routes}
+        return frozenset(by_kind[kind])
 
 
 class Manifest(_Model):
@@ -152,6 +194,4 @@ def load_manifest(folder: Path) -> Manifest:
 
 
 def _valid_tool_name(name: str) -> bool:
-    import re
-
     return re.fullmatch(TOOL_NAME_PATTERN, name) is not None

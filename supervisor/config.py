@@ -17,8 +17,9 @@ import json5
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from clawsup.sandbox import offers
 from clawsup.sandbox.launch.launcher import BackendChoice
-from clawsup.sandbox.manifest import RestartRequest, SandboxRequest
+from clawsup.sandbox.manifest import RestartRequest, SandboxRequest, format_validation_error
 from clawsup.supervisor.errors import ConfigError
 
 BUNDLED_PREFIX = "bundled:"
@@ -134,6 +135,43 @@ class SandboxGrant(SandboxRequest):
     restart: RestartGrant | None = None
 
 
+MAX_HOOK_TIMEOUT_S = 60.0
+DEFAULT_HOOK_TIMEOUT_S = 5.0
+
+
+class HooksGrant(_Model):
+    """What the operator grants a plugin's hooks (`plugins.entries.<id>.hooks`); the
+    plugin can set none of it."""
+
+    allow: list[str] = Field(default_factory=list)
+    """Hooks that see what others wrote (sandbox/offers.py CONTENT_HOOKS): other
+    plugins' tool arguments and results, a session's text. Ungranted, the tool hooks
+    see the plugin's own tools alone, and the message and agent hooks are refused."""
+    fail_open: bool = False
+    """Let a call through when this plugin's gate (`before_tool_call`) errs, overruns
+    or is down. The default refuses it: a gate fails closed."""
+    timeout_seconds: float = Field(default=DEFAULT_HOOK_TIMEOUT_S, gt=0, le=MAX_HOOK_TIMEOUT_S)
+    """Each of its hooks' deadline."""
+
+    @field_validator("allow")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        unknown = sorted(set(v) - offers.HOOKS)
+        if unknown:
+            raise ValueError(f"unknown hook(s) {unknown}; the hooks are {sorted(offers.HOOKS)}")
+        return v
+
+
+class HttpGrant(_Model):
+    """`plugins.entries.<id>.http`: what the plugin's HTTP routes may do."""
+
+    allow_plugin_auth: bool = False
+    """Serve the plugin's routes that ask `auth: "plugin"` (it checks callers itself,
+    a webhook's signature say) without the gateway's token. Refused otherwise."""
+    timeout_seconds: float = Field(default=10.0, gt=0, le=MAX_HOOK_TIMEOUT_S)
+    """Each request's deadline."""
+
+
 class PluginEntry(_Model):
     enabled: bool = True
     trust: Trust = "untrusted"
@@ -145,6 +183,10 @@ class PluginEntry(_Model):
     """What the operator grants this plugin, over `sandbox.defaults`. The manifest
     only asks: each limit is the stricter of the two, and backend, network and
     restart are the operator's alone."""
+    hooks: HooksGrant = Field(default_factory=HooksGrant)
+    http: HttpGrant = Field(default_factory=HttpGrant)
+    command_timeout_seconds: float = Field(default=10.0, gt=0, le=MAX_HOOK_TIMEOUT_S)
+    """Each of its slash commands' deadline (and a channel's delivery's)."""
 
 
 MCP_SERVER_ID = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
@@ -562,9 +604,38 @@ class HttpChannelConfig(_Model):
         return self
 
 
+class PluginChannelConfig(_Model):
+    """`channels.<id>` for a channel a plugin serves (its manifest's
+    `contracts.channels`): the plugin may speak for it only while it is enabled here."""
+
+    enabled: bool = True
+    owners: list[str] = Field(default_factory=list)
+    """Sender (or peer) ids, as the channel reports them, who own this gateway: they
+    may run owner-only commands and tools. Never the plugin's word."""
+
+
 class ChannelsConfig(_Model):
+    """`cli` and `http` are built in; any other key is a plugin's channel."""
+
+    model_config = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True, frozen=True)
     cli: CliChannelConfig = Field(default_factory=CliChannelConfig)
     http: HttpChannelConfig = Field(default_factory=HttpChannelConfig)
+
+    @model_validator(mode="after")
+    def _plugin_channels(self) -> ChannelsConfig:
+        extra = self.__pydantic_extra__ or {}
+        for key, value in list(extra.items()):
+            if re.fullmatch(offers.CHANNEL_ID_PATTERN, key) is None:
+                raise ValueError(f"{key!r} is not a channel id (lower-case letters, digits, _ and -)")
+            try:
+                extra[key] = PluginChannelConfig.model_validate(value)
+            except ValidationError as e:
+                raise ValueError(format_validation_error(e, prefix=key)) from None
+        return self
+
+    def plugin_channels(self) -> dict[str, PluginChannelConfig]:
+        """The plugin channels the operator configured, by id."""
+        return {k: v for k, v in (self.__pydantic_extra__ or {}).items() if isinstance(v, PluginChannelConfig)}
 
 
 FsyncMode = Literal["always", "interval", "never"]

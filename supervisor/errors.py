@@ -16,6 +16,7 @@ from clawsup.supervisor.names import owner_label
 ErrorCode = Literal[
     "error", "config", "registration_refused", "tool_not_found", "tool_failed", "tool_timeout", "bad_arguments",
     "sandbox_died", "sandbox_unavailable", "unknown_sandbox", "exec_blocked",
+    "offer_failed", "blocked_by_hook",  # supervisor/sandboxes/offers.py, supervisor/hooks
     "busy", "session_busy", "gateway_busy",  # supervisor/messages/bus.py
     "spawn_refused",  # supervisor/agents/spawn_tools.py
     "provider_error",  # supervisor/agents/providers
@@ -129,6 +130,23 @@ class SandboxDied(ClawsupError):
         else:
             nxt = f"; no restarts left, it stays failed until `clawsup restart {sandbox_id}`"
         super().__init__(f"{owner_label(plugin)} (sandbox {sandbox_id}) {status.describe()}{nxt}; see `clawsup logs {sandbox_id}`")
+
+
+class OfferFailed(ClawsupError):
+    """A plugin's offer beyond tools (a hook, a command, a channel's delivery, an
+    HTTP route) did not answer: it raised, overran its deadline, its sandbox is down
+    or died during the call. `how` says which, for whoever decides what follows (a
+    gate refuses the call it guards)."""
+
+    code = "offer_failed"
+
+    def __init__(self, kind: str, name: str, plugin: str, how: str, message: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.plugin = plugin
+        self.how = how
+        self.message = message
+        super().__init__(f"{kind.replace('_', ' ')} {name!r} of {owner_label(plugin)} {message}")
 
 
 class SandboxUnavailable(ClawsupError):

@@ -15,13 +15,14 @@ make its shutdown wait out the grace period (tests/test_handlers.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -45,6 +46,7 @@ from clawsup.sandbox.handshake import (
 from clawsup.sandbox.host.exec_runner import ExecRunner, become_subreaper
 from clawsup.sandbox.host.files import Workspace
 from clawsup.sandbox.host.link import SupervisorLink
+from clawsup.sandbox.host.services import DEFAULT_STOP_S, Services
 from clawsup.sandbox.host.subagent import run_task
 from clawsup.sandbox.host.loader import PluginLoadFailed, load_error, load_plugin
 from clawsup.sandbox.socket_paths import short_address
@@ -109,8 +111,11 @@ class HostServicer(pb_grpc.HostServicer):
         runner: ExecRunner | None = None,
         workspace: Workspace | None = None,
         bridge: McpBridge | None = None,
+        services: Services | None = None,
     ) -> None:
         self._role = gate.role
+        self._services = services
+        self.service_stop_s = DEFAULT_STOP_S
         self._bridge = bridge
         self._runner = runner
         self._workspace = workspace
@@ -136,9 +141,47 @@ class HostServicer(pb_grpc.HostServicer):
         context.set_trailing_metadata(self._host_md)
         described = self._bridge.tools.values() if self._bridge is not None else (*self._api.tools.values(), *self._api.not_served.values())
         tools = [pb.ToolSpec(name=t.name, description=t.description, input_schema_json=json.dumps(t.input_schema)) for t in described]
+        offers = [
+            pb.Offer(kind=o.kind, name=o.name, priority=o.priority, description=o.description, accepts_args=o.accepts_args, owner_only=o.owner_only, auth=o.auth)
+            for o in self._api.offers.values()
+        ]
         return pb.DescribeResponse(
-            plugin_id=self._api.plugin_id, plugin_version=self._version, tools=tools, protocol=PROTOCOL
+            plugin_id=self._api.plugin_id, plugin_version=self._version, tools=tools, protocol=PROTOCOL, offers=offers
         )
+
+    async def CallOffer(self, request: pb.OfferCall, context: grpc.aio.ServicerContext) -> pb.OfferAnswer:
+        await _require_token(context, self._token)
+        context.set_trailing_metadata(self._host_md)
+        offer = self._api.offers.get((request.kind, request.name))
+        if offer is None:
+            return pb.OfferAnswer(ok=False, error_kind="unknown", error=f"no {request.kind} {request.name!r} in plugin {self._api.plugin_id!r}")
+        if offer.kind == "service":
+            why = self._services.start(offer) if self._services is not None else "this host runs no services"
+            return pb.OfferAnswer(ok=why is None, payload_json="null", error=why or "", error_kind="unknown" if why else "")
+        try:
+            payload = json.loads(request.payload_json) if request.payload_json else {}
+        except json.JSONDecodeError as e:
+            return pb.OfferAnswer(ok=False, error_kind="bad_payload", error=f"the payload is not JSON: {e.msg}")
+        timeout = request.timeout_ms / 1000 if request.timeout_ms else None
+        what = f"{offer.kind} {offer.name!r}"
+        try:
+            if offer.is_async:
+                # At the deadline gRPC cancels this task; the supervisor reports it.
+                value = await offer.handler(payload)
+            else:
+                value = await self._in_thread(what, offer.handler, payload, timeout, request.call_id)
+        except TimeoutError:
+            return pb.OfferAnswer(ok=False, error_kind="timed_out", error=f"{what} did not finish within {timeout:g} s")
+        except Exception as e:
+            say(f"{what} (call {request.call_id}) raised:\n{traceback.format_exc()}")
+            return pb.OfferAnswer(ok=False, error_kind="raised", error=f"{type(e).__name__}: {e}"[:2000])
+        except (SystemExit, KeyboardInterrupt) as e:
+            say(f"{what} (call {request.call_id}) raised {type(e).__name__}; the call fails, the sandbox lives on")
+            return pb.OfferAnswer(ok=False, error_kind="raised", error=f"{type(e).__name__}: a handler cannot end its sandbox")
+        try:
+            return pb.OfferAnswer(ok=True, payload_json=json.dumps(value))
+        except (TypeError, ValueError) as e:
+            return pb.OfferAnswer(ok=False, error_kind="bad_result", error=f"{what} returned a {type(value).__name__}, which is not JSON-able: {e}")
 
     async def InvokeTool(self, request: pb.InvokeToolRequest, context: grpc.aio.ServicerContext) -> pb.InvokeToolResponse:
         await _require_token(context, self._token)
@@ -195,18 +238,21 @@ class HostServicer(pb_grpc.HostServicer):
         return _mcp_response(outcome)
 
     async def _run_sync(self, tool: Tool, args: dict[str, Any], timeout: float | None, call_id: str) -> Any:
-        fut = asyncio.get_running_loop().run_in_executor(self._pool, tool.handler, args)
+        return await self._in_thread(f"tool {tool.name!r}", tool.handler, args, timeout, call_id)
+
+    async def _in_thread(self, what: str, handler: Callable[[dict[str, Any]], Any], args: dict[str, Any], timeout: float | None, call_id: str) -> Any:
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, handler, args)
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(fut)
         finally:
             if not fut.done():
-                await self._mark_overrun(tool.name, call_id, fut)
+                await self._mark_overrun(what, call_id, fut)
 
     async def _mark_overrun(self, name: str, call_id: str, fut: asyncio.Future[Any]) -> None:
         key = f"{name}#{call_id}"
         self._overrun.add(key)
-        say(f"tool {name!r} (call {call_id}) overran its timeout and cannot be interrupted; reporting NOT_SERVING")
+        say(f"{name} (call {call_id}) overran its timeout and cannot be interrupted; reporting NOT_SERVING")
         await self._health.set(health.OVERALL_HEALTH, health_pb2.HealthCheckResponse.NOT_SERVING)
 
         def finished(_: asyncio.Future[Any]) -> None:
@@ -264,6 +310,8 @@ class HostServicer(pb_grpc.HostServicer):
         await _require_token(context, self._token)
         context.set_trailing_metadata(self._host_md)
         say(f"shutdown requested by the supervisor: {request.reason or 'no reason given'}")
+        if request.service_stop_ms:
+            self.service_stop_s = request.service_stop_ms / 1000
         self._stop.set()
         return pb.ShutdownResponse()
 
@@ -359,7 +407,8 @@ async def serve(plugin_dir: Path, socket_path: str, gate: GatePayload) -> None:
             _fail_load(e, plugin_dir)
     api._outbox = link.request
     api._post = link.post
-    await _listen(socket_path, gate, link, api, runner=runner, workspace=workspace)
+    services = Services(request=link.request, say=say, exit=_exit) if gate.role == "plugin" else None
+    await _listen(socket_path, gate, link, api, runner=runner, workspace=workspace, services=services)
 
 
 async def _listen(
@@ -371,16 +420,19 @@ async def _listen(
     runner: ExecRunner | None = None,
     workspace: Workspace | None = None,
     bridge: McpBridge | None = None,
+    services: Services | None = None,
 ) -> None:
-    """Serve gRPC on the socket, print the handshake, and stop when told to."""
+    """Serve gRPC on the socket, print the handshake, and stop when told to: the
+    plugin's services first (within the deadline the supervisor gave), then the
+    calls in flight."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     health_servicer = _GuardedHealth(gate.supervisor_token)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_HostServicer_to_server(  # type: ignore[no-untyped-call]  # generated without stubs
-        HostServicer(gate=gate, api=api, link=link, health_servicer=health_servicer, stop=stop, runner=runner, workspace=workspace, bridge=bridge),
-        server,
+    servicer = HostServicer(
+        gate=gate, api=api, link=link, health_servicer=health_servicer, stop=stop, runner=runner, workspace=workspace, bridge=bridge, services=services
     )
+    pb_grpc.add_HostServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]  # generated without stubs
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     _clear_name(socket_path)
     # A socket path too long for sun_path is bound through a descriptor of its folder
@@ -392,7 +444,10 @@ async def _listen(
         loop.add_signal_handler(signal.SIGTERM, stop.set)
 
         _announce(format_handshake(socket_path))
-        await stop.wait()
+        async with services.running() if services is not None else contextlib.nullcontext():
+            await stop.wait()
+            if services is not None:
+                await services.stop_all(servicer.service_stop_s)
         # In-flight tool calls get this long to finish; the supervisor's own grace
         # period is longer, and it signals the group after that.
         await server.stop(grace=1.0)

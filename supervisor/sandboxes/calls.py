@@ -16,7 +16,7 @@ from typing import Any
 
 from clawsup.sandbox.exec_result import ExecResult
 from clawsup.sandbox.launch.launcher import ExitStatus
-from clawsup.supervisor.errors import ClawsupError, SandboxDied, ToolFailed, ToolTimeout
+from clawsup.supervisor.errors import ClawsupError, OfferFailed, SandboxDied, ToolFailed, ToolTimeout
 from clawsup.supervisor.sandboxes.host_client import CallAborted, HostMisbehaved, HostUnreachable
 from clawsup.supervisor.sandboxes.incarnation import Incarnation
 from clawsup.supervisor.sandboxes.log import SandboxLog
@@ -73,6 +73,28 @@ class Calls:
         if outcome.traceback:
             self._log.event(f"tool {tool!r} raised: {outcome.text}")
         raise ToolFailed(tool, self._plan.plugin_id, outcome.error_kind or "unknown", outcome.text)
+
+    async def call_offer(self, inc: Incarnation, kind: str, name: str, payload_json: str, timeout: float) -> Any:
+        """One call of an offer beyond tools; its answer as a JSON value. Whatever
+        goes wrong is an OfferFailed saying how (a death names the exit)."""
+        assert inc.client is not None
+        try:
+            async with self._in_flight(inc, f"{kind} {name}", timeout):
+                outcome = await inc.client.call_offer(kind, name, payload_json, inc.next_call_id(), timeout, TIMEOUT_MARGIN_S)
+        except SandboxDied as e:
+            raise OfferFailed(kind, name, self._plan.plugin_id, "died", f"failed: its sandbox died during the call ({e.status.describe()})") from None
+        except ToolTimeout:
+            raise OfferFailed(kind, name, self._plan.plugin_id, "timed_out", f"did not answer within its {timeout:g} s deadline") from None
+        except ToolFailed as e:
+            raise OfferFailed(kind, name, self._plan.plugin_id, "failed", f"failed: {e.message}") from None
+        if not outcome.ok:
+            how = "timed_out" if outcome.error_kind == "timed_out" else "raised" if outcome.error_kind == "raised" else "failed"
+            said = f"did not answer within its {timeout:g} s deadline" if how == "timed_out" else f"raised {outcome.error}" if how == "raised" else f"failed: {outcome.error}"
+            raise OfferFailed(kind, name, self._plan.plugin_id, how, said)
+        try:
+            return json.loads(outcome.payload_json)
+        except json.JSONDecodeError:
+            raise OfferFailed(kind, name, self._plan.plugin_id, "failed", "answered with something that is not JSON") from None
 
     async def exec(
         self, inc: Incarnation, command: str, *, workdir: str, timeout: float, output_cap: int, kill_grace: float, on_output: OutputSink | None

@@ -32,6 +32,7 @@ from clawsup.sandbox.exec_result import ExecResult
 from clawsup.sandbox.output_cap import HeadTail
 from clawsup.sandbox.handshake import HOST_TOKEN_METADATA_KEY, TOKEN_METADATA_KEY
 from clawsup.supervisor.errors import HostFailureKind
+from clawsup.supervisor.sandboxes.registry import OfferSpec
 from clawsup.supervisor.tools.spec import ToolSpec
 
 ToolFailureKind = HostFailureKind
@@ -104,6 +105,15 @@ class Description:
     plugin_version: str
     protocol: str
     tools: tuple[ToolSpec | UnreadableTool, ...]
+    offers: tuple[OfferSpec, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OfferOutcome:
+    ok: bool
+    payload_json: str = "null"
+    error: str = ""
+    error_kind: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -346,7 +356,21 @@ class HostClient:
                 tools.append(UnreadableTool(name=t.name, problem=f"its input schema is a JSON {type(parsed).__name__}, not an object"))
                 continue
             tools.append(ToolSpec(name=t.name, description=t.description, input_schema=parsed))
-        return Description(plugin_id=resp.plugin_id, plugin_version=resp.plugin_version, protocol=resp.protocol, tools=tuple(tools))
+        offers = tuple(
+            OfferSpec(kind=o.kind, name=o.name, priority=o.priority, description=o.description, accepts_args=o.accepts_args, owner_only=o.owner_only, auth=o.auth)
+            for o in resp.offers
+        )
+        return Description(plugin_id=resp.plugin_id, plugin_version=resp.plugin_version, protocol=resp.protocol, tools=tuple(tools), offers=offers)
+
+    async def call_offer(self, kind: str, name: str, payload_json: str, call_id: str, timeout: float, margin: float) -> OfferOutcome:
+        """One call of an offer beyond tools (a hook, a command, a channel's send, an
+        HTTP request, a service's start). The host gets `timeout`; the gRPC deadline
+        adds `margin` for its answer."""
+        req = pb.OfferCall(kind=kind, name=name, payload_json=payload_json, call_id=call_id, timeout_ms=max(int(timeout * 1000), 1))
+        with self._tracked(self._stub.CallOffer(req, timeout=timeout + margin, metadata=self._md), f"a {kind}'s answer") as call:
+            resp = await call
+            await self._check_host(call)
+        return OfferOutcome(ok=resp.ok, payload_json=resp.payload_json or "null", error=resp.error, error_kind=resp.error_kind)
 
     async def invoke(self, name: str, args_json: str, call_id: str, timeout: float, margin: float) -> ToolOutcome:
         """One tool call. The host gets `timeout` and answers TIMED_OUT itself; the
@@ -400,8 +424,11 @@ class HostClient:
             await self._check_host(call)
         return resp.text, resp.error
 
-    async def shutdown(self, reason: str, timeout: float) -> None:
-        with self._tracked(self._stub.Shutdown(pb.ShutdownRequest(reason=reason), timeout=timeout, metadata=self._md), "its Shutdown answer") as call:
+    async def shutdown(self, reason: str, timeout: float, service_stop: float = 0.0) -> None:
+        """`service_stop`: how long the plugin's services' `stop` may take (0: the
+        host's default)."""
+        req = pb.ShutdownRequest(reason=reason, service_stop_ms=int(service_stop * 1000))
+        with self._tracked(self._stub.Shutdown(req, timeout=timeout, metadata=self._md), "its Shutdown answer") as call:
             await call
             await self._check_host(call)
 

@@ -109,7 +109,9 @@ class Incarnation:
         exited = self.child.wait()
         if polite and self.client is not None:
             with contextlib.suppress(HostUnreachable, HostMisbehaved, CallAborted):
-                await self.client.shutdown(self.kill_reason or "", timeout=SHUTDOWN_RPC_TIMEOUT_S)
+                # The plugin's services' `stop` get what the grace leaves after the
+                # host's own second for the calls in flight (sandbox/host/server.py).
+                await self.client.shutdown(self.kill_reason or "", timeout=SHUTDOWN_RPC_TIMEOUT_S, service_stop=max(grace - 1.0, grace / 2))
             if await within(exited, grace):
                 return
             self.log.event(f"still running {grace:g} s after the Shutdown RPC; sending SIGTERM to its process group")

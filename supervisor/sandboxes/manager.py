@@ -24,7 +24,8 @@ from clawsup.supervisor.errors import SandboxUnavailable, UnknownSandbox
 from clawsup.supervisor.sandboxes.child_requests import Service
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState, Transition
 from clawsup.supervisor.paths import StatePaths
-from clawsup.supervisor.sandboxes.registry import Kind, Registry
+from clawsup.supervisor.sandboxes.offers import CONTRACT_KEYS
+from clawsup.supervisor.sandboxes.registry import Kind, Registration, Registry
 from clawsup.supervisor.sandboxes.log import SandboxLog
 from clawsup.supervisor.sandboxes.plans import SandboxPlan
 from clawsup.supervisor.sandboxes.bring_up import SandboxDirs
@@ -294,7 +295,17 @@ class SandboxManager:
                                 "backoffInitialSeconds": plan.restart.backoff_initial_s, "backoffMaxSeconds": plan.restart.backoff_max_s},
                 },  # fmt: skip
                 "tools": {"declared": sorted(plan.declared_tools), "registered": registered},
-                "refused": [*plan.refused, *(f"tool {name!r}: {why}" for name, why in sorted(sb.refusals.items()))],
+                "offers": {
+                    key: {"declared": sorted(plan.offers.declares(kind)), "registered": [_offer_json(r) for r in self.registry.owned_by(plan.plugin_id) if r.kind.value == kind]}
+                    for kind, key in CONTRACT_KEYS.items()
+                },
+                "services": sb.services(),
+                "grants": plan.offers.to_json(),
+                "refused": [
+                    *plan.refused,
+                    *(f"tool {name!r}: {why}" for name, why in sorted(sb.refusals.items())),
+                    *(f"{what}: {why}" for what, why in sorted(sb.offer_refusals.items())),
+                ],
             })
         return out
 
@@ -303,3 +314,15 @@ class SandboxManager:
             log.close()
         for launcher in self._launchers.values():
             await launcher.aclose()
+
+
+def _offer_json(r: Registration) -> dict[str, Any]:
+    """One registered offer for `plugins show`: its name and what its kind adds."""
+    o = r.offer
+    if o is None or r.kind is Kind.SERVICE or r.kind is Kind.CHANNEL:
+        return {"name": r.name}
+    if r.kind is Kind.HOOK:
+        return {"name": r.name, "priority": o.priority}
+    if r.kind is Kind.COMMAND:
+        return {"name": r.name, "description": o.description, "acceptsArgs": o.accepts_args, "ownerOnly": o.owner_only}
+    return {"name": r.name, "auth": o.auth}

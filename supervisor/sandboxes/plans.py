@@ -24,9 +24,11 @@ from clawsup.sandbox.launch.backends import backend_problem, first_isolating
 from clawsup.sandbox.handshake import SandboxRole
 from clawsup.sandbox.launch.launcher import Backend, BackendChoice, Limits, MiB
 from clawsup.sandbox.mcp_spec import McpServerSpec
+from clawsup.sandbox.offers import OFFER_KINDS
 from clawsup.sandbox.manifest import MANIFEST_NAME, Manifest, ManifestError, RestartRequest, SandboxRequest, load_manifest
 from clawsup.supervisor.config import ClawsupConfig, PluginEntry, SandboxGrant, resolve_plugin_path
 from clawsup.supervisor.errors import ConfigError
+from clawsup.supervisor.sandboxes.offers import OfferGrant
 from clawsup.supervisor.sandboxes.restarts import RestartPolicy
 from clawsup.supervisor.names import reserved_reason
 from clawsup.supervisor.tools.schemas import CHECK_BUDGET_S, CheckTooCostly, SchemaRefused, compile_schema, outside_refs
@@ -92,6 +94,8 @@ class SandboxPlan:
     supervisor registers those the spec's prefix and allow/deny rule pick."""
     visible_paths: tuple[str, ...] = ()
     """Host paths the child sees read-only at their own paths (LaunchSpec.visible_paths)."""
+    offers: OfferGrant = field(default_factory=OfferGrant)
+    """What it may offer beyond tools (supervisor/sandboxes/offers.py)."""
 
 
 def build_plans(
@@ -278,6 +282,16 @@ def _plan(
         protected_paths=tuple(dict.fromkeys(protected)),
         requested=ask.model_dump(by_alias=True, exclude_none=True),
         refused=tuple(refused),
+        offers=OfferGrant(
+            declared={kind: manifest.contracts.declared(kind) for kind in OFFER_KINDS},
+            hooks_allow=frozenset(entry.hooks.allow),
+            fail_open=entry.hooks.fail_open,
+            hook_timeout_s=entry.hooks.timeout_seconds,
+            command_timeout_s=entry.command_timeout_seconds,
+            http_plugin_auth=entry.http.allow_plugin_auth,
+            http_timeout_s=entry.http.timeout_seconds,
+            channels_enabled=frozenset(k for k, c in cfg.channels.plugin_channels().items() if c.enabled),
+        ),
     )
 
 

@@ -46,6 +46,32 @@ class Kind(enum.Enum):
     CHANNEL = "channel"
     HOOK = "hook"
     SERVICE = "service"
+    COMMAND = "command"
+    HTTP_ROUTE = "http_route"
+
+    @property
+    def exclusive(self) -> bool:
+        """One owner per name (a tool, a command, a channel id). Many plugins hook
+        `before_tool_call`, and a service's id or a route's path is its plugin's own."""
+        return self in (Kind.TOOL, Kind.COMMAND, Kind.CHANNEL)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OfferSpec:
+    """An offer beyond tools, as its host described it (host.proto `Offer`), kept
+    with its registration for whoever runs it (hooks, commands, channels, routes)."""
+
+    kind: str
+    name: str
+    priority: int = 0
+    description: str = ""
+    accepts_args: bool = False
+    owner_only: bool = True
+    auth: str = "gateway"
+
+
+def _key(kind: Kind, name: str, owner: str) -> tuple[Kind, str]:
+    return (kind, name) if kind.exclusive else (kind, f"{name}\x00{owner}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +88,8 @@ class Registration:
     """`input_schema` compiled: what every call's arguments are checked against
     (supervisor/tools/arguments.py). Set by `Registry.register` for a tool, or before it, off
     the loop, by `with_compiled_schemas`."""
+    offer: OfferSpec | None = None
+    """For an offer beyond tools: what its host said of it (priority, auth...)."""
 
 
 @dataclass
@@ -79,7 +107,7 @@ class Registry:
         with that owner. Claims outlive the registrations (and reclaim)."""
         lost = {}
         for name in sorted(names):
-            if name in self.reserved:
+            if kind is Kind.TOOL and name in self.reserved:
                 lost[name] = CORE_OWNER
                 continue
             holder = self._claims.setdefault((kind, name), owner)
@@ -90,7 +118,7 @@ class Registry:
     def claimable(self, owner: str, kind: Kind, names: frozenset[str]) -> list[str]:
         """Those of `names` that `owner` may hold: not reserved, not claimed first by
         another owner. What a plugin's host is allowed to serve at all."""
-        return sorted(n for n in names if n not in self.reserved and self._claims.get((kind, n), owner) == owner)
+        return sorted(n for n in names if not (kind is Kind.TOOL and n in self.reserved) and self._claims.get((kind, n), owner) == owner)
 
     def refusal(self, reg: Registration, *, declared: frozenset[str] | None = None) -> str | None:
         """Why `reg` may not be registered, judged without compiling its schema; None
@@ -98,7 +126,7 @@ class Registry:
         owner is core and needs none."""
         if declared is not None and reg.name not in declared:
             return f"its manifest does not declare it in contracts.{reg.kind.value}s"
-        if reg.owner != CORE_OWNER and reg.name in self.reserved:
+        if reg.owner != CORE_OWNER and reg.kind is Kind.TOOL and reg.name in self.reserved:
             return "the name belongs to a core tool"
         if len(reg.description) > MAX_DESCRIPTION_CHARS:
             return f"its description has {len(reg.description)} characters; the most is {MAX_DESCRIPTION_CHARS}"
@@ -112,7 +140,7 @@ class Registry:
             return f"its input schema is {schema_size} bytes of JSON; the most is {MAX_SCHEMA_BYTES}"
         if not isinstance(reg.input_schema, dict) or reg.input_schema.get("type", "object") != "object":
             return 'its input schema must be a JSON Schema object with "type": "object"'
-        held = self._by_key.get((reg.kind, reg.name))
+        held = self._by_key.get(_key(reg.kind, reg.name, reg.owner))
         if held is not None and held.owner != reg.owner:
             return f"{owner_label(held.owner)} already holds it"
         claimant = self._claims.get((reg.kind, reg.name), reg.owner)
@@ -134,7 +162,7 @@ class Registry:
                 reg = replace(reg, arguments=compile_schema(reg.input_schema))
             except SchemaRefused as e:
                 raise RegistrationRefused(reg.owner, reg.name, f"its input schema {e}") from None
-        self._by_key[(reg.kind, reg.name)] = reg
+        self._by_key[_key(reg.kind, reg.name, reg.owner)] = reg
         return reg
 
     def replace_owned(self, owner: str, kind: Kind, regs: list[Registration], *, declared: frozenset[str] | None = None) -> Swap:
@@ -147,7 +175,7 @@ class Registry:
             raise ValueError(f"replace_owned({owner!r}, {kind.value}) was handed another owner's or kind's registration")
         old = {r.name: r for r in self._by_key.values() if r.owner == owner and r.kind is kind}
         for name in old:
-            del self._by_key[(kind, name)]
+            del self._by_key[_key(kind, name, owner)]
         refused: dict[str, str] = {}
         for reg in regs:
             try:
@@ -166,13 +194,20 @@ class Registry:
         (tests/test_faults.py asserts `tools list` is empty of it right after)."""
         gone = [r for r in self._by_key.values() if r.owner == owner]
         for r in gone:
-            del self._by_key[(r.kind, r.name)]
+            del self._by_key[_key(r.kind, r.name, r.owner)]
         if gone:
             logger.info("reclaimed {} registration(s) of {}: {}", len(gone), owner, ", ".join(r.name for r in gone))
         return gone
 
-    def get(self, kind: Kind, name: str) -> Registration | None:
+    def get(self, kind: Kind, name: str, owner: str | None = None) -> Registration | None:
+        """The registration of `name`; for a kind that is not exclusive, `owner`'s."""
+        if not kind.exclusive:
+            return self._by_key.get(_key(kind, name, owner)) if owner is not None else None
         return self._by_key.get((kind, name))
+
+    def of_kind(self, kind: Kind) -> list[Registration]:
+        """Every registration of `kind`, by name then owner."""
+        return sorted((r for r in self._by_key.values() if r.kind is kind), key=lambda r: (r.name, r.owner))
 
     def tools(self) -> list[Registration]:
         return sorted((r for r in self._by_key.values() if r.kind is Kind.TOOL), key=lambda r: r.name)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from dataclasses import dataclass
@@ -32,10 +33,10 @@ from typing import Any, TypeVar
 from loguru import logger
 
 from clawsup.sandbox.exec_result import ExecResult
-from clawsup.sandbox.handshake import LOAD_ERROR_EXIT
+from clawsup.sandbox.handshake import LOAD_ERROR_EXIT, SERVICE_STATE
 from clawsup.sandbox.launch.launcher import ChildUser, ExitStatus, Launcher
 from clawsup.sandbox.protected import ProtectedPathError
-from clawsup.supervisor.errors import SandboxUnavailable
+from clawsup.supervisor.errors import OfferFailed, SandboxUnavailable
 from clawsup.supervisor.sandboxes import child_requests, watches
 from clawsup.supervisor.sandboxes.bring_up import DESCRIBE_TIMEOUT_S, BringUp, LaunchFailed, SandboxDirs
 from clawsup.supervisor.sandboxes.calls import CallResult, Calls, OutputSink
@@ -45,6 +46,7 @@ from clawsup.supervisor.sandboxes.incarnation import Incarnation, Timing, runnin
 from clawsup.supervisor.sandboxes.lifecycle import ALIVE, Lifecycle, SandboxState, Transition
 from clawsup.supervisor.sandboxes.log import SandboxLog
 from clawsup.supervisor.sandboxes.plans import SandboxPlan
+from clawsup.supervisor.sandboxes.offers import OfferAcceptance
 from clawsup.supervisor.sandboxes.registrations import ToolAcceptance
 from clawsup.supervisor.sandboxes.registry import Kind, Registry
 from clawsup.supervisor.sandboxes.restarts import MONOTONIC, Clock, RestartBudget
@@ -111,6 +113,9 @@ class SupervisedSandbox:
         self._budget = RestartBudget(policy=plan.restart, clock=clock.now)
         self._bring_up = BringUp(plan, launcher=launcher, registry=registry, timing=timing, dirs=dirs, log=log, env=env, run_as=run_as)
         self._tools = ToolAcceptance(plan, registry, log)
+        self._offers = OfferAcceptance(plan, registry, log)
+        self._service_states: dict[str, str] = {}
+        """Service id -> its state in the ready child (`running`, `crashed: ...`)."""
         disk = WorkspaceDisk(dirs.workspace, plan.limits.workspace_bytes, grow_only=dirs.operator_workspace)
         self._disk = DiskWatch(disk, timing.heartbeat_interval_s)
         self._calls = Calls(plan, budget=self._budget, log=log, disk=self._disk, stopping=self._stopping)
@@ -144,6 +149,21 @@ class SupervisedSandbox:
         """Tool name -> why the registry refused it, from the last Describe (for
         `clawsup plugins show`)."""
         return self._tools.refusals
+
+    @property
+    def offer_refusals(self) -> dict[str, str]:
+        """`kind name` -> why an offer beyond tools was refused, from the last Describe."""
+        return self._offers.refusals
+
+    def services(self) -> dict[str, str]:
+        """Each declared service's state, for `status` and `plugins show`: what the
+        ready child reported, else `down` with the sandbox's state."""
+        declared = sorted(self.plan.offers.declares("service"))
+        if self.lc.state is not S.READY:
+            # A service that raised keeps its error in view while its sandbox
+            # restarts (or has failed): it is the why of that.
+            return {name: _down(self._service_states.get(name), self.lc.state) for name in declared}
+        return {name: self._service_states.get(name, "not registered") for name in declared}
 
     # -- state, as others see it ---------------------------------------------------
 
@@ -194,6 +214,7 @@ class SupervisedSandbox:
             "rss_bytes": container.get("memory_bytes") if container else (inc.child.rss_bytes() if inc else None),
             "container": container,
             "tools": [r.name for r in self._registry.owned_by(self.plan.plugin_id) if r.kind is Kind.TOOL],
+            "services": self.services(),
             "last_exit": self.lc.last_exit.to_json() if self.lc.last_exit else None,
         }
 
@@ -364,8 +385,13 @@ class SupervisedSandbox:
             if self._state() is not S.STARTING:
                 return  # stopped while its schemas compiled: its death has reclaimed
             self._tools.accept(judged)
-        self.lc.enter(S.READY, f"pid {inc.child.pid}, {len(self._registry.owned_by(self.plan.plugin_id))} tool(s)")
+        offered = self._offers.accept(desc.offers) if self.plan.role == "plugin" else []
+        self._service_states = {r.name: "starting" for r in offered if r.kind is Kind.SERVICE}
+        tools = sum(r.kind is Kind.TOOL for r in self._registry.owned_by(self.plan.plugin_id))
+        self.lc.enter(S.READY, f"pid {inc.child.pid}, {tools} tool(s)" + (f", {len(offered)} other offer(s)" if offered else ""))
         services = dict(self._services)
+        if self.plan.role == "plugin":
+            services[SERVICE_STATE] = lambda payload: self._service_crashed(inc, payload)
         if self.plan.role == "mcp":
             # Bound to this incarnation: news from a child that is gone changes nothing.
             services[child_requests.MCP_TOOLS_CHANGED] = lambda payload: self._mcp_tools_changed(inc)
@@ -375,6 +401,37 @@ class SupervisedSandbox:
             tg.create_task(watches.heartbeat(inc, self._timing), name=f"{self.id}#{inc.number} heartbeat")
             tg.create_task(self._disk.watch(inc), name=f"{self.id}#{inc.number} disk")
             tg.create_task(child_requests.serve(inc, who), name=f"{self.id}#{inc.number} stream")
+            for name in self._service_states:
+                tg.create_task(self._start_service(inc, name), name=f"{self.id}#{inc.number} service {name}")
+
+    # -- a plugin's services -------------------------------------------------------
+
+    async def _start_service(self, inc: Incarnation, name: str) -> None:
+        """Ask the child to start one of its services (it runs there as a task); a
+        refusal is the service's state, and the log's."""
+        try:
+            await self.call_offer("service", name, {}, self.plan.offers.command_timeout_s)
+        except OfferFailed as e:
+            if self.inc is inc:
+                self._service_states[name] = f"not started: {e.message}"
+                self.log.event(f"service {name!r} could not start: {e.message}")
+            return
+        if self.inc is inc and self._service_states.get(name) == "starting":
+            self._service_states[name] = "running"
+            self.log.event(f"service {name!r} running (incarnation {inc.number})")
+
+    async def _service_crashed(self, inc: Incarnation, payload: dict[str, Any]) -> dict[str, Any]:
+        """The child says one of its services raised; it exits next, and this is its
+        death's reason (the sandbox restarts with its backoff)."""
+        name, error = payload.get("id"), payload.get("error")
+        if not isinstance(name, str) or name not in self._service_states or not isinstance(error, str):
+            raise ValueError("service.state needs {\"id\": one of its services, \"error\": a string}")
+        said = child_requests.one_line(f"service {name!r} raised {error}")
+        if self.inc is inc:
+            self._service_states[name] = f"crashed: {child_requests.one_line(error, 200)}"
+        inc.exit_note = said
+        self.log.event(f"the host reports: {said}")
+        return {}
 
     # -- an MCP host's news (child_requests.MCP_*) ------------------------------------
 
@@ -485,6 +542,17 @@ class SupervisedSandbox:
         on the way raises SandboxDied."""
         return await self._calls.run_agent(self._ready_incarnation(), run_id, task, max_iterations=max_iterations, timeout=timeout)
 
+    async def call_offer(self, kind: str, name: str, payload: dict[str, Any], timeout: float) -> Any:
+        """One call of an offer beyond tools (a hook, a command, a channel's send, an
+        HTTP request, a service's start); its answer as a JSON value. Raises
+        OfferFailed saying how: `down` (not ready: starting, backoff, failed...),
+        `timed_out`, `raised`, `died` or `failed`."""
+        try:
+            inc = self._ready_incarnation()
+        except SandboxUnavailable as e:
+            raise OfferFailed(kind, name, self.plan.plugin_id, "down", f"is not available: {e}") from None
+        return await self._calls.call_offer(inc, kind, name, json.dumps(payload), timeout)
+
     def _ready_incarnation(self) -> Incarnation:
         inc = self.inc
         if self.lc.state is not S.READY or inc is None or inc.client is None or inc.closing:
@@ -507,3 +575,11 @@ async def _quietly(work: Awaitable[T], fallback: T) -> T:
     except Exception as e:
         logger.opt(exception=e).warning("a sandbox backend call failed: {}", e)
         return fallback
+
+
+def _down(last: str | None, state: SandboxState) -> str:
+    """A service's state while its sandbox is not ready: `down (backoff)`, or its
+    crash while that is why (`crashed: RuntimeError: ... (sandbox backoff)`)."""
+    if last is not None and last.startswith("crashed:"):
+        return f"{last} (sandbox {state.value})"
+    return f"down ({state.value})"

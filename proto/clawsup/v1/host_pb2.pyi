@@ -22,16 +22,62 @@ class ToolSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("plugin_id", "plugin_version", "tools", "protocol")
+    __slots__ = ("plugin_id", "plugin_version", "tools", "protocol", "offers")
     PLUGIN_ID_FIELD_NUMBER: _ClassVar[int]
     PLUGIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    OFFERS_FIELD_NUMBER: _ClassVar[int]
     plugin_id: str
     plugin_version: str
     tools: _containers.RepeatedCompositeFieldContainer[ToolSpec]
     protocol: str
-    def __init__(self, plugin_id: _Optional[str] = ..., plugin_version: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., protocol: _Optional[str] = ...) -> None: ...
+    offers: _containers.RepeatedCompositeFieldContainer[Offer]
+    def __init__(self, plugin_id: _Optional[str] = ..., plugin_version: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., protocol: _Optional[str] = ..., offers: _Optional[_Iterable[_Union[Offer, _Mapping]]] = ...) -> None: ...
+
+class Offer(_message.Message):
+    __slots__ = ("kind", "name", "priority", "description", "accepts_args", "owner_only", "auth")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_ARGS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ONLY_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    priority: int
+    description: str
+    accepts_args: bool
+    owner_only: bool
+    auth: str
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., priority: _Optional[int] = ..., description: _Optional[str] = ..., accepts_args: _Optional[bool] = ..., owner_only: _Optional[bool] = ..., auth: _Optional[str] = ...) -> None: ...
+
+class OfferCall(_message.Message):
+    __slots__ = ("kind", "name", "payload_json", "call_id", "timeout_ms")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    payload_json: str
+    call_id: str
+    timeout_ms: int
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., payload_json: _Optional[str] = ..., call_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class OfferAnswer(_message.Message):
+    __slots__ = ("ok", "payload_json", "error", "error_kind")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    payload_json: str
+    error: str
+    error_kind: str
+    def __init__(self, ok: _Optional[bool] = ..., payload_json: _Optional[str] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ...) -> None: ...
 
 class InvokeToolRequest(_message.Message):
     __slots__ = ("name", "args_json", "call_id", "timeout_ms")
@@ -144,10 +190,12 @@ class RunAgentResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., model_calls: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "service_stop_ms")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_STOP_MS_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    service_stop_ms: int
+    def __init__(self, reason: _Optional[str] = ..., service_stop_ms: _Optional[int] = ...) -> None: ...
 
 class ShutdownResponse(_message.Message):
     __slots__ = ()

@@ -54,6 +54,11 @@ class HostStub:
                 request_serializer=clawsup_dot_v1_dot_host__pb2.RunAgentRequest.SerializeToString,
                 response_deserializer=clawsup_dot_v1_dot_host__pb2.RunAgentResponse.FromString,
                 _registered_method=True)
+        self.CallOffer = channel.unary_unary(
+                '/clawsup.v1.Host/CallOffer',
+                request_serializer=clawsup_dot_v1_dot_host__pb2.OfferCall.SerializeToString,
+                response_deserializer=clawsup_dot_v1_dot_host__pb2.OfferAnswer.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/clawsup.v1.Host/Shutdown',
                 request_serializer=clawsup_dot_v1_dot_host__pb2.ShutdownRequest.SerializeToString,
@@ -108,6 +113,18 @@ class HostServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CallOffer(self, request, context):
+        """Runs one of the plugin's offers beyond tools (a hook, a slash command, a
+        channel's outbound delivery, an HTTP route's request), or starts one of its
+        services. Only offers the supervisor accepted are ever called; the payload and
+        the answer are JSON objects whose shape is the offer kind's (README, "Writing a
+        plugin"). The gRPC deadline is the offer's deadline; the host also receives it
+        as `timeout_ms` so that it can stop a handler in time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Shutdown(self, request, context):
         """Asks the host to stop serving and exit. The supervisor escalates to signals if
         the child has not exited within the grace period.
@@ -148,6 +165,11 @@ def add_HostServicer_to_server(servicer, server):
                     servicer.RunAgent,
                     request_deserializer=clawsup_dot_v1_dot_host__pb2.RunAgentRequest.FromString,
                     response_serializer=clawsup_dot_v1_dot_host__pb2.RunAgentResponse.SerializeToString,
+            ),
+            'CallOffer': grpc.unary_unary_rpc_method_handler(
+                    servicer.CallOffer,
+                    request_deserializer=clawsup_dot_v1_dot_host__pb2.OfferCall.FromString,
+                    response_serializer=clawsup_dot_v1_dot_host__pb2.OfferAnswer.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -268,6 +290,33 @@ class Host:
             '/clawsup.v1.Host/RunAgent',
             clawsup_dot_v1_dot_host__pb2.RunAgentRequest.SerializeToString,
             clawsup_dot_v1_dot_host__pb2.RunAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallOffer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clawsup.v1.Host/CallOffer',
+            clawsup_dot_v1_dot_host__pb2.OfferCall.SerializeToString,
+            clawsup_dot_v1_dot_host__pb2.OfferAnswer.FromString,
             options,
             channel_credentials,
             insecure,
