@@ -115,7 +115,8 @@ async def _on_own_thread(fn: Callable[[], Any], name: str) -> Any:
     """`fn()` on a daemon thread of its own, awaited. Not `asyncio.to_thread`: the
     loop's pool is joined when `asyncio.run` ends, so a sync service (or stop) that
     never returns would hold the host's exit until the supervisor's SIGKILL; this
-    thread is left behind, and `run` ends the process with os._exit."""
+    thread is left behind, and `run` ends the process with os._exit
+    (tests/test_plugin_services.py, the stop that hangs)."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[Any] = loop.create_future()
 

@@ -53,6 +53,10 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 RUN_STYLE = {"running": "yellow", "succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim"}
 STATE_STYLE = {"ready": "green", "starting": "yellow", "draining": "yellow", "backoff": "magenta", "crashed": "red", "failed": "bold red", "stopped": "dim"}
+SERVICE_STYLE = {"running": "green", "starting": "yellow", "crashed": "red", "not": "yellow", "down": "dim"}
+"""A service's state (supervisor/sandboxes/supervised.py `services`) by its first word."""
+OFFER_KINDS = {"hooks": "hook", "commands": "command", "services": "service", "channels": "channel", "httpRoutes": "http route"}
+"""`plugins` rows' `offers` keys (the manifest's contracts), as `plugins show` names them."""
 
 
 def _print_version(wanted: bool) -> None:
@@ -161,7 +165,28 @@ def _print_status(sandboxes: list[dict[str, Any]]) -> None:
             escape(printable((s["last_exit"] or {}).get("text", "-"))),
         )
     out.print(table)
+    _print_services(sandboxes)
     _print_failed(sandboxes)
+
+
+def _print_services(sandboxes: list[dict[str, Any]]) -> None:
+    """The plugins' background services, one row each, under the sandboxes: a
+    crashed one says why (its error) while its sandbox restarts."""
+    rows = [(s["id"], name, state) for s in sandboxes for name, state in sorted((s.get("services") or {}).items())]
+    if not rows:
+        return
+    table = Table(title="services", title_justify="left")
+    for col in ("sandbox", "service", "state"):
+        table.add_column(col)
+    for sid, name, state in rows:
+        table.add_row(escape(printable(sid)), escape(printable(name)), _service_state(state))
+    out.print(table)
+
+
+def _service_state(state: str) -> str:
+    style = SERVICE_STYLE.get(state.split(" ", 1)[0].rstrip(":"), "")
+    text = escape(printable(state))
+    return f"[{style}]{text}[/{style}]" if style else text
 
 
 def _print_failed(sandboxes: list[dict[str, Any]]) -> None:
@@ -211,7 +236,8 @@ def _print_runs(sessions: list[dict[str, Any]]) -> None:
 @app.command()
 def status(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
     """Each sandbox: state, pid (or container id and CPU time), restarts, uptime,
-    memory, tools, last exit; then subagent runs, as a tree under their sessions."""
+    memory, tools, last exit; the plugins' services and their states; then subagent
+    runs, as a tree under their sessions."""
     data = _data_or_fail(_call(state_dir, {"op": "status"}))
     if as_json:
         print(json.dumps(data, indent=2))
@@ -224,13 +250,14 @@ def status(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
 @plugins_app.command("list")
 def plugins_list(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
     """Each plugin: trust, backend, uid, state, tools registered of those declared,
-    and how many of its asks were refused."""
+    its other offers (hooks, commands, services, channels, HTTP routes) registered of
+    those declared, and how many of its asks were refused."""
     data = _data_or_fail(_call(state_dir, {"op": "plugins"}))
     if as_json:
         print(json.dumps(data, indent=2))
         return
     table = Table()
-    for col in ("id", "version", "trust", "backend", "uid", "state", "network", "tools (registered / declared)", "refused"):
+    for col in ("id", "version", "trust", "backend", "uid", "state", "network", "tools (registered / declared)", "other offers", "refused"):
         table.add_column(col)
     for p in data["plugins"]:
         t = p["tools"]
@@ -238,15 +265,29 @@ def plugins_list(state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
             escape(printable(p["id"])), escape(printable(p["version"])), p["trust"], p["backend"],
             str(p["uid"]) if p["uid"] is not None else "as supervisor", p["state"],
             "yes" if p["granted"]["network"] else "none",
-            f"{len(t['registered'])} / {len(t['declared'])}", str(len(p["refused"])) if p["refused"] else "-",
+            f"{len(t['registered'])} / {len(t['declared'])}", _offer_counts(p.get("offers") or {}),
+            str(len(p["refused"])) if p["refused"] else "-",
         )  # fmt: skip
     out.print(table)
+
+
+def _offer_counts(offers: dict[str, Any]) -> str:
+    """`2 / 2 hooks, 0 / 1 service`: registered of declared, for the kinds declared."""
+    parts = []
+    for key, label in OFFER_KINDS.items():
+        o = offers.get(key) or {}
+        declared, registered = len(o.get("declared", [])), len(o.get("registered", []))
+        if declared or registered:
+            parts.append(f"{registered} / {declared} {label}{'' if declared == 1 else 's'}")
+    return ", ".join(parts) or "-"
 
 
 @plugins_app.command("show")
 def plugins_show(plugin_id: str, state_dir: StateDir = None, as_json: JsonFlag = False) -> None:
     """One plugin: what its manifest asked for against what it was granted, trust,
-    backend and uid, tools declared against registered, and every refusal."""
+    backend and uid, tools declared against registered, every other offer (hooks with
+    their priority, commands, services with their state, channels, HTTP routes with
+    their auth), what the operator granted those, and every refusal."""
     data = _data_or_fail(_call(state_dir, {"op": "plugins"}))
     found = [p for p in data["plugins"] if p["id"] == plugin_id]
     if not found:
@@ -268,8 +309,81 @@ def plugins_show(plugin_id: str, state_dir: StateDir = None, as_json: JsonFlag =
     out.print(table)
     declared, registered = p["tools"]["declared"], set(p["tools"]["registered"])
     out.print("  tools: " + (", ".join(f"{n}" + ("" if n in registered else " (not registered)") for n in declared) or "none declared"), highlight=False)
+    offers = _offer_table(p)
+    if offers.row_count:
+        out.print(offers)
+        out.print(_grants_table(p))
     for line in p["refused"]:
         out.print(f"  [yellow]refused[/yellow] {escape(printable(line))}", highlight=False)
+
+
+def _offer_table(p: dict[str, Any]) -> Table:
+    """Each offer beyond tools its manifest declares, with what its registration
+    says (a hook's priority and how it runs, a command's args and who may run it, a
+    route's auth) and its state: registered or not, a service's own."""
+    table = Table(title="offers", title_justify="left")
+    for col in ("kind", "name", "details", "state"):
+        table.add_column(col)
+    grants = p.get("grants") or {}
+    pid = p["id"]
+    for key, label in OFFER_KINDS.items():
+        o = (p.get("offers") or {}).get(key) or {}
+        registered = {r["name"]: r for r in o.get("registered", [])}
+        for name in sorted({*o.get("declared", []), *registered}):
+            r = registered.get(name)
+            shown, details = name, ""
+            if key == "hooks":
+                details = (f"priority {r['priority']} · " if r else "") + _hook_how(name, grants)
+            elif key == "commands":
+                shown = f"/{name}"
+                if r:
+                    details = f"{'takes args' if r['acceptsArgs'] else 'no args'} · {'owner only' if r['ownerOnly'] else 'anyone'} · {r['description']}"
+            elif key == "channels":
+                details = "enabled" if name in grants.get("channelsEnabled", []) else f"not enabled (channels.{name})"
+            elif key == "httpRoutes":
+                shown = f"/plugins/{pid}/{name}"
+                details = f"auth {r['auth']}" if r else ""
+            if key == "services":
+                state = _service_state((p.get("services") or {}).get(name, "not registered" if r is None else "registered"))
+            else:
+                state = "registered" if r else "[yellow]not registered[/yellow]"
+            table.add_row(label, escape(printable(shown)), escape(printable(details)) or "-", state)
+    return table
+
+
+def _hook_how(name: str, grants: dict[str, Any]) -> str:
+    """How a hook runs (sandbox/offers.py), and what its grant lets it see."""
+    from clawsup.sandbox import offers as hooks
+
+    if name in hooks.GATE_HOOKS:
+        how = f"gate, fails {'open' if grants.get('failOpen') else 'closed'}"
+    else:
+        how = "modifying" if name in hooks.MODIFYING_HOOKS else "observing"
+    if name in hooks.CONTENT_HOOKS and name not in grants.get("hooksAllow", []):
+        how += ", its own tools only" if name in ("before_tool_call", "after_tool_call") else ", not granted"
+    return how
+
+
+def _grants_table(p: dict[str, Any]) -> Table:
+    """What the operator granted the plugin's offers, by the config key that sets it."""
+    g = p.get("grants") or {}
+    pid = escape(printable(p["id"]))
+    table = Table(title=f"granted by the operator (plugins.entries.{pid})", title_justify="left")
+    for col in ("key", "granted"):
+        table.add_column(col)
+    rows = [
+        ("hooks.allow", ", ".join(g.get("hooksAllow", [])) or "none: its tool hooks see its own tools only"),
+        ("hooks.failOpen", g.get("failOpen")),
+        ("hooks.timeoutSeconds", g.get("hookTimeoutSeconds")),
+        ("commandTimeoutSeconds", g.get("commandTimeoutSeconds")),
+        ("http.allowPluginAuth", g.get("httpPluginAuth")),
+        ("http.timeoutSeconds", g.get("httpTimeoutSeconds")),
+        ("channels.<id> (enabled)", ", ".join(g.get("channelsEnabled", [])) or "none"),
+    ]
+    for key, value in rows:
+        if value is not None:
+            table.add_row(key, escape(printable(value if isinstance(value, str) else json.dumps(value))))
+    return table
 
 
 MCP_HINT = "no MCP servers are configured: add them under `mcpServers` in clawsup.json (the block Claude Desktop, Cursor and Nanobot use), then restart the supervisor"
