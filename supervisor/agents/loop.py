@@ -45,11 +45,11 @@ from clawsup.supervisor.config import ClawsupConfig
 from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.messages.bus import InboundMessage
 from clawsup.supervisor.messages.lanes import Answer, Progress
+from clawsup.supervisor.messages.owners import Owners
 from clawsup.supervisor.messages.routing import Route
 from clawsup.supervisor.messages.session_store import SessionStore
+from clawsup.supervisor.hooks import Hooks
 
-OWNER_CHANNELS = frozenset({"cli"})
-"""The operator's own channels: whoever uses them is an owner."""
 ACTIVE_SESSIONS = 64
 """Sessions whose history is kept in memory; past it the least recently used is
 forgotten, and its next turn reads its file again. With `agentLoop.historyBytes`
@@ -90,16 +90,20 @@ class History:
 
 
 class AgentLoop:
-    def __init__(self, cfg: ClawsupConfig, *, models: Models, tools: ToolDispatch, spawn: SpawnTools, store: SessionStore) -> None:
+    def __init__(
+        self, cfg: ClawsupConfig, *, models: Models, tools: ToolDispatch, spawn: SpawnTools, store: SessionStore, hooks: Hooks | None = None
+    ) -> None:
         """`tools`: tool dispatch (and its registry); `spawn`: the spawn tools
-        (`Subagents`)."""
+        (`Subagents`); `hooks`: the plugins' `before_agent_start` (context for the
+        turn), `agent_end` and `session_start` (supervisor/hooks.py)."""
         self.cfg = cfg
+        self._hooks = hooks
         self._models = models
         self._tools = tools
         self._spawn = spawn
         self.store = store
         self._agents = {a.id: a for a in cfg.agents.entries}
-        self._owners = {o.strip().lower() for o in cfg.tools.owners}
+        self._owners = Owners.from_config(cfg)
         self._policy = cfg.tools.policy()
         """The policy keys, once: the config is immutable and each model call asks."""
         self._histories: OrderedDict[str, History] = OrderedDict()
@@ -116,7 +120,7 @@ class AgentLoop:
             channel=message.reply_to.channel,
             group_id=src.peer.id if src.peer.kind != "direct" else None,
             sender=src.peer.id if src.peer.kind == "direct" else None,
-            owner=message.reply_to.channel in OWNER_CHANNELS or f"{message.reply_to.channel}:{src.peer.id}".lower() in self._owners,
+            owner=self._owners.is_owner(message),
         )
 
     def policy_for(self, route: Route, message: InboundMessage) -> Decision:
@@ -130,18 +134,30 @@ class AgentLoop:
         of a model call (these add up to the total), `turnUsage` on the answer."""
         history = await self._history(route.session_key, message)
         try:
-            return await self._turn(route, message, progress, history)
-        except BaseException:
+            answer = await self._turn(route, message, progress, history)
+        except BaseException as e:
             # Stopped or failed halfway: what the file says of this turn is what the
             # session lanes (supervisor/messages/lanes.py) and `_record` wrote, so the
             # next turn reads it from there.
             self._histories.pop(route.session_key, None)
+            self._ended(route, message, "stopped" if isinstance(e, asyncio.CancelledError) else "failed", None)
             raise
+        self._ended(route, message, "answered", answer.text)
+        return answer
+
+    def _ended(self, route: Route, message: InboundMessage, outcome: str, text: str | None) -> None:
+        if self._hooks is not None:
+            event = {"agentId": route.agent_id, "sessionKey": route.session_key, "messageId": message.id, "outcome": outcome, "reply": text}
+            self._hooks.observe("agent_end", event)
 
     async def _turn(self, route: Route, message: InboundMessage, progress: Progress, history: History) -> Answer:
         limits = self.cfg.agent_loop
         provider = self._models.provider(self._models.model_of(route.agent_id))
-        turn = _Turn(self, route, message, progress, history, provider, tools=self._tools, spawn=self._spawn)
+        context = ""
+        if self._hooks is not None and self._hooks.declared("before_agent_start"):
+            # For this turn only: never stored, so the session file stays what was said.
+            context = await self._hooks.before_agent_start(message.text, agent=route.agent_id, session=route.session_key, channel=message.reply_to.channel)
+        turn = _Turn(self, route, message, progress, history, provider, tools=self._tools, spawn=self._spawn, context=context)
         history.add(UserMessage(message.text))
         out = await agent_loop.run(history.window(), turn, turn, max_iterations=limits.max_iterations)
         if out.ending == "answered":
@@ -163,8 +179,11 @@ class AgentLoop:
             return history
         limits = self.cfg.agent_loop
         history = History(limits.history_messages, limits.history_bytes)
-        for entry in await asyncio.to_thread(self._read_history, key, message.id):
+        before = await asyncio.to_thread(self._read_history, key, message.id)
+        for entry in before:
             history.add(entry)
+        if not before and self._hooks is not None:
+            self._hooks.observe("session_start", {"sessionKey": key, "channel": message.reply_to.channel, "messageId": message.id})
         self._histories[key] = history
         while len(self._histories) > ACTIVE_SESSIONS:
             self._histories.popitem(last=False)
@@ -213,8 +232,10 @@ class _Turn:
         *,
         tools: ToolDispatch,
         spawn: SpawnTools,
+        context: str = "",
     ) -> None:
-        """`loop` decides the tool policy and keeps the session file."""
+        """`loop` decides the tool policy and keeps the session file; `context`: what
+        the plugins' before_agent_start hooks prepend to this turn."""
         self._loop = loop
         self._tools = tools
         self._spawn = spawn
@@ -226,7 +247,8 @@ class _Turn:
         self._ctx = TurnContext(
             agent_id=route.agent_id,
             session_key=route.session_key,
-            system=f"You are agent {route.agent_id!r} of a clawsup gateway. Use the tools you are given when they help; answer briefly.",
+            system=f"You are agent {route.agent_id!r} of a clawsup gateway. Use the tools you are given when they help; answer briefly."
+            + (f"\n\n{context}" if context else ""),
             notify=progress,
         )
         self.loops = LoopWatch(loop.cfg.agent_loop.loop_detection)

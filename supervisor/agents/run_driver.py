@@ -22,6 +22,7 @@ from clawsup.supervisor.agents.run_reports import RunReports
 from clawsup.supervisor.agents.runs import Run
 from clawsup.supervisor.config import ClawsupConfig
 from clawsup.supervisor.errors import ClawsupError, SandboxDied
+from clawsup.supervisor.hooks import HookObserver
 from clawsup.supervisor.messages.session_store import SessionStore
 from clawsup.supervisor.sandboxes.child_requests import Service
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
@@ -43,8 +44,11 @@ class RunDriver:
         backends: Mapping[str, Backend],
         store: SessionStore,
         reports: RunReports,
+        hooks: HookObserver | None = None,
     ) -> None:
-        """`backends`: agent id -> the backend of its runs' sandboxes (`run_backends`)."""
+        """`backends`: agent id -> the backend of its runs' sandboxes (`run_backends`);
+        `hooks` hear `subagent_ended` and `session_end` (supervisor/hooks.py)."""
+        self._hooks = hooks
         self._max_iterations = cfg.agent_loop.max_iterations
         self._start_timeout_s = cfg.agents.defaults.subagents.start_timeout_seconds
         self._sandboxes = sandboxes
@@ -106,6 +110,10 @@ class RunDriver:
             await self._sandboxes.discard(ws, "its run ended", STOP_TIMEOUT_S, remove_files=True)
         level = "info" if run.status == "succeeded" else "warning"
         logger.log(level.upper(), "subagent run {} ({}) {}: {}", run.run_id, run.label, run.status, run.reason or "done")
+        if self._hooks is not None:
+            ended = {"runId": run.run_id, "childSessionKey": run.child_key, "agentId": run.agent_id, "label": run.label, "status": run.status, "reason": run.reason}
+            self._hooks.observe("subagent_ended", ended)
+            self._hooks.observe("session_end", {"sessionKey": run.child_key, "agentId": run.agent_id, "reason": f"subagent run {run.status}"})
         try:
             await self._reports.deliver(run)
         finally:

@@ -49,6 +49,7 @@ from clawsup.supervisor.agents.runs import Origin, Run
 from clawsup.supervisor.agents.spawn_tools import SpawnArgs, SpawnRefused, SubagentsArgs, parse_args
 from clawsup.supervisor.agents.tool_dispatch import ToolDispatch
 from clawsup.supervisor.config import ClawsupConfig
+from clawsup.supervisor.hooks import HookObserver
 from clawsup.supervisor.errors import BadToolArguments, ClawsupError
 from clawsup.supervisor.messages.session_store import SessionStore
 from clawsup.supervisor.sandboxes.manager import Sandboxes
@@ -96,12 +97,16 @@ def build_subagents(
     sessions: SessionInbox,
     backends: Mapping[str, Backend],
     journal: RunJournal | None,
+    hooks: HookObserver | None = None,
 ) -> Subagents:
-    """`Subagents` and its parts, in dependency order: reports, driver, services."""
+    """`Subagents` and its parts, in dependency order: reports, driver, services.
+    `hooks` hear `subagent_spawned`, `subagent_ended` and `session_end`."""
     reports = RunReports(store=store, sessions=sessions, journal=journal)
-    driver = RunDriver(cfg, sandboxes=sandboxes, workspace=workspaces.settings, backends=backends, store=store, reports=reports)
+    driver = RunDriver(cfg, sandboxes=sandboxes, workspace=workspaces.settings, backends=backends, store=store, reports=reports, hooks=hooks)
     services = RunServices(cfg, tools=tools, store=store)
-    return Subagents(cfg, models=models, backends=backends, workspaces=workspaces, driver=driver, services=services, reports=reports, journal=journal)
+    return Subagents(
+        cfg, models=models, backends=backends, workspaces=workspaces, driver=driver, services=services, reports=reports, journal=journal, hooks=hooks
+    )
 
 
 class Subagents:
@@ -116,10 +121,12 @@ class Subagents:
         services: RunServices,
         reports: RunReports,
         journal: RunJournal | None = None,
+        hooks: HookObserver | None = None,
     ) -> None:
         """`backends`: agent id -> the backend of its runs' sandboxes (`run_backends`);
         `journal` keeps sessions' runs across supervisor lives (run_journal.py)."""
         self.cfg = cfg
+        self._hooks = hooks
         self.limits = cfg.agents.defaults.subagents
         self._models = models
         self._backends = backends
@@ -218,6 +225,9 @@ class Subagents:
             )
         run.task_handle = self._tg.create_task(self._driver.drive(run, self._services.bind(run, self)), name=f"subagent run {run_id}")
         logger.info("{}: spawned subagent run {} ({}) for agent {} at depth {}", origin.session_key, run_id, run.label, target, run.depth)
+        if self._hooks is not None:
+            spawned = {"runId": run_id, "childSessionKey": run.child_key, "agentId": target, "label": run.label, "parentSessionKey": origin.session_key, "depth": run.depth}
+            self._hooks.observe("subagent_spawned", spawned)
         self._prune()
         return {"status": "accepted", "runId": run_id, "childSessionKey": run.child_key, "agentId": target, "label": run.label, "runTimeoutSeconds": timeout}
 

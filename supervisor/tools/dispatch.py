@@ -15,24 +15,30 @@ workspaces exist; lives as long as they do.
 from __future__ import annotations
 
 import json
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
-from clawsup.supervisor.errors import ToolFailed, ToolNotFound
+from clawsup.supervisor.errors import ClawsupError, ToolFailed, ToolNotFound
 from clawsup.supervisor.sandboxes.calls import CallResult, OutputSink
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState
 from clawsup.supervisor.sandboxes.manager import Sandboxes
-from clawsup.supervisor.sandboxes.registry import Kind, Registry
+from clawsup.supervisor.sandboxes.registry import Kind, Registration, Registry
 from clawsup.supervisor.tools.arguments import check_arguments_async
 from clawsup.supervisor.tools.core import CORE_TOOLS
 from clawsup.supervisor.tools.workspaces import Workspaces
 
+if TYPE_CHECKING:
+    from clawsup.supervisor.hooks import Hooks
+
 
 class ToolDispatcher:
-    def __init__(self, sandboxes: Sandboxes, workspaces: Workspaces | None) -> None:
+    def __init__(self, sandboxes: Sandboxes, workspaces: Workspaces | None, hooks: Hooks | None = None) -> None:
         """`workspaces` None: no core tool can run (a supervisor of plugins only, as in
-        scripts/bench.py)."""
+        scripts/bench.py). `hooks`: the plugins' `before_tool_call` gates and
+        `after_tool_call` observers (supervisor/hooks.py), asked on every call."""
         self._sandboxes = sandboxes
         self._workspaces = workspaces
+        self._hooks = hooks
 
     @property
     def registry(self) -> Registry:
@@ -68,9 +74,30 @@ class ToolDispatcher:
                 raise ToolFailed(name, reg.owner, "not_routable", "it acts for a session, so only an agent turn can call it")
             if self._workspaces is None:
                 raise ToolFailed(name, reg.owner, "not_routable", "this core tool has no sandbox to run in")
-            await check_arguments_async(reg, args)
-            return await self._workspaces.call(name, args, agent=agent, session=session, sandbox_id=workspace, timeout=timeout, on_output=on_output)
         await check_arguments_async(reg, args)  # before dispatch: a call that does not fit never reaches its handler
+        hooks = self._hooks
+        if hooks is None or not (hooks.declared("before_tool_call") or hooks.declared("after_tool_call")):
+            return await self._dispatch(reg, name, args, timeout, agent=agent, session=session, workspace=workspace, on_output=on_output)
+        given = json.loads(args) if isinstance(args, str) else args
+        changed = await hooks.before_tool_call(name, reg.owner, given, agent=agent, session=session)
+        if changed is not given:
+            await check_arguments_async(reg, changed)  # what a gate changed must still fit
+        began = time.monotonic()
+        try:
+            result = await self._dispatch(reg, name, changed, timeout, agent=agent, session=session, workspace=workspace, on_output=on_output)
+        except ClawsupError as e:
+            hooks.after_tool_call(name, reg.owner, changed, result=None, error=str(e), duration_s=time.monotonic() - began, agent=agent, session=session)
+            raise
+        hooks.after_tool_call(name, reg.owner, changed, result=result.text, error=None, duration_s=time.monotonic() - began, agent=agent, session=session)
+        return result
+
+    async def _dispatch(
+        self, reg: Registration, name: str, args: dict[str, Any] | str, timeout: float | None, *,
+        agent: str | None, session: str | None, workspace: str | None, on_output: OutputSink | None,
+    ) -> CallResult:  # fmt: skip
+        if reg.sandbox_id is None:
+            assert self._workspaces is not None
+            return await self._workspaces.call(name, args, agent=agent, session=session, sandbox_id=workspace, timeout=timeout, on_output=on_output)
         sb = self._sandboxes.sandboxes[reg.sandbox_id]
         args_json = args if isinstance(args, str) else json.dumps(args)
         return await sb.invoke(name, args_json, timeout)

@@ -1,5 +1,6 @@
 """The `offline` provider: no key, no network, deterministic. It follows explicit
-instructions (`/tool NAME {json}` calls that tool, `/sleep N` takes N seconds) and
+instructions (`/tool NAME {json}` calls that tool, `/sleep N` takes N seconds,
+`/system` shows the turn's system prompt) and
 otherwise answers briefly, naming the agent, the session and the tools it could call. It is what `clawsup start`
 and `clawsup chat` run on a fresh machine, and what the tests drive.
 
@@ -45,6 +46,10 @@ class OfflineProvider:
         slept = await sleep_turn(text, ctx.agent_id, ctx.session_key, ctx.notify)
         if slept is not None:
             return await _say(slept, on_text)
+        if text == "/system":
+            # What the turn was told before the conversation: the gateway's words and
+            # whatever plugins' before_agent_start hooks prepended.
+            return await _say(f"system prompt:\n{ctx.system}", on_text)
         if text.startswith("/tool"):
             parts = text.split(None, 2)
             if len(parts) < 2:
