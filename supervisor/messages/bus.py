@@ -76,6 +76,9 @@ class InboundMessage:
     """Identity, exactly as the channel adapter saw it."""
     text: str
     reply_to: ReplyTarget
+    sender_id: str | None = None
+    """Who wrote it, where the channel tells a sender apart from the peer (a group
+    member); a plugin channel's word, checked against `channels.<id>.owners`."""
     agent_override: str | None = None
     """Only the operator's own channel (the CLI) may name the agent."""
     role: MessageRole = "user"

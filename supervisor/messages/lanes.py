@@ -9,6 +9,18 @@ lock: a slow turn holds only its own session. `/stop` is handled as it arrives, 
 queued: it cancels that session's turn in flight (and, through cancellation, whatever
 the turn started) and nothing else.
 
+A plugin's slash command (supervisor/messages/commands.py) takes its message's turn
+instead of the agent: it runs in the lane, in order, where `/stop` can cancel it, and
+without the model. Its message and answer are kept in the session as `command` and
+`command_reply` records, which the agent's history leaves out (the model never sees
+them; the transcript shows what happened).
+
+The plugins' message hooks run here (`MessageHooks`, supervisor/hooks.py): each
+user message, once stored and acknowledged, is observed (`message_received`, never
+waited for), and each final answer passes `message_sending` before it is sent. A
+hook that cancels the answer leaves the session with the answer and the channel with
+`WITHHELD`, so that a client waiting for a final reply gets one.
+
 Bounds, each held where a message first arrives (the pump, in one synchronous step,
 so that no burst can slip past between loop ticks):
 - a session holds the message at its turn and at most `bus.sessionQueue` waiting
@@ -29,20 +41,27 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from loguru import logger
 
-from clawsup.supervisor.messages.bus import STOP_COMMAND, InboundMessage, MessageBus, MessageRole, OutboundMessage, SessionBusy
+from clawsup.supervisor.messages.bus import STOP_COMMAND, InboundMessage, MessageBus, OutboundMessage, SessionBusy
 from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.agents.providers.offline import sleep_turn
+from clawsup.supervisor.config import PeerKind
+from clawsup.supervisor.messages.commands import Commands, Invocation
 from clawsup.supervisor.messages.routing import Route, Router
 from clawsup.supervisor.messages.session_store import SessionStore
 
-__all__ = ["STOP_COMMAND", "Agent", "Answer", "PlaceholderAgent", "Progress", "SessionBusy", "SessionLanes"]
+__all__ = ["STOP_COMMAND", "Agent", "Answer", "MessageHooks", "NoHooks", "PlaceholderAgent", "Progress", "SessionBusy", "SessionLanes"]
 
 
 Progress = Callable[[str], Awaitable[None]]
+WITHHELD = "[reply withheld by a plugin hook]"
+"""Sent, as the final reply, in place of an answer a `message_sending` hook cancelled."""
+RecordRole = Literal["user", "system", "command"]
+"""A message's record in its session: `command` for a plugin command's, which the
+agent's history leaves out."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,28 @@ class Agent(Protocol):
         """`/stop`: cancel the background work this session started (subagent
         runs); returns how many were running."""
         ...
+
+
+class MessageHooks(Protocol):
+    """What the lanes ask of the plugins' hooks (supervisor/hooks.py `Hooks`)."""
+
+    def observe(self, hook: str, event: dict[str, Any]) -> None:
+        """Run an observing hook in the background; never waited for."""
+        ...
+
+    async def message_sending(self, text: str, *, channel: str, peer_kind: PeerKind, peer_id: str, session: str, agent: str) -> str | None:
+        """The text to send in place of `text`, or None: cancelled."""
+        ...
+
+
+class NoHooks:
+    """No plugin hooks: what the lanes use unless the gateway gives them its hooks."""
+
+    def observe(self, hook: str, event: dict[str, Any]) -> None:
+        return None
+
+    async def message_sending(self, text: str, *, channel: str, peer_kind: PeerKind, peer_id: str, session: str, agent: str) -> str | None:
+        return text
 
 
 class ReplySink(Protocol):
@@ -85,7 +126,8 @@ class PlaceholderAgent:
         return 0
 
 
-Item = tuple[InboundMessage, Route]
+Item = tuple[InboundMessage, Route, Invocation | None]
+"""A message, its route, and the plugin command it asks for (None: a turn of the agent)."""
 
 
 @dataclass
@@ -123,12 +165,18 @@ class SessionLanes:
         agent: Agent,
         channels: Mapping[str, ReplySink],
         session_queue: int = 100,
+        commands: Commands | None = None,
+        hooks: MessageHooks | None = None,
     ) -> None:
+        """`commands`: the plugins' slash commands (none without); `hooks`: the
+        plugins' message hooks (none without)."""
         self.bus = bus
         self.router = router
         self.store = store
         self.agent = agent
         self.channels = channels
+        self.commands = commands
+        self.hooks: MessageHooks = hooks or NoHooks()
         self._session_queue = session_queue
         self._lanes: dict[str, _Lane] = {}
         self._tg: asyncio.TaskGroup | None = None
@@ -181,6 +229,12 @@ class SessionLanes:
         route = self._route(msg)
         if route is None:
             return
+        try:
+            command = self.commands.parse(msg) if self.commands is not None else None
+        except Exception as e:  # as a router bug: this message only
+            logger.exception("reading the command of {} failed", msg.id)
+            self._refuse(msg, ClawsupError(f"reading the command failed: {e}"))
+            return
         lane = self._lane(route.session_key)
         # The gateway's own messages (a subagent's report, `route` set) are bounded
         # by the subagent limits and must reach the session: they are not refused.
@@ -194,7 +248,7 @@ class SessionLanes:
             )
             return
         lane.held += 1
-        lane.unwritten.put_nowait((msg, route))
+        lane.unwritten.put_nowait((msg, route, command))
 
     def _lane(self, key: str) -> _Lane:
         lane = self._lanes.get(key)
@@ -243,9 +297,12 @@ class SessionLanes:
 
         async def write() -> None:
             while (item := await lane.unwritten.get()) is not None:
-                msg, route = item
+                msg, route, command = item
+                record = _record("command" if command is not None else msg.role, msg, route)
+                if command is not None:
+                    record["command"] = command.name
                 try:
-                    await self.store.append(route.session_key, _record(msg.role, msg, route))
+                    await self.store.append(route.session_key, record)
                 except OSError as e:
                     logger.error("{}: cannot write the session: {}", route.session_key, e)
                     _fail(msg, ClawsupError(f"the message could not be stored: {e}"))
@@ -259,6 +316,8 @@ class SessionLanes:
                     raise
                 if not msg.accepted.done():
                     msg.accepted.set_result(route)
+                if msg.role == "user":
+                    self._received(msg, route, command)
                 lane.written.put_nowait(item)
 
         async with asyncio.TaskGroup() as tg:
@@ -269,12 +328,15 @@ class SessionLanes:
                 finally:
                     self._done(lane, item[0])
 
-    async def _turn(self, lane: _Lane, msg: InboundMessage, route: Route) -> None:
+    async def _turn(self, lane: _Lane, msg: InboundMessage, route: Route, command: Invocation | None) -> None:
+        """The message's turn: the agent's, or the plugin command's it asks for; then
+        its answer, through `message_sending`, kept and sent."""
+
         async def progress(text: str) -> None:
             await self._send(msg, route, text, progress=True, final=False)
 
         t0 = time.monotonic()
-        lane.turn = asyncio.ensure_future(self.agent.turn(route, msg, progress))
+        lane.turn = asyncio.ensure_future(self._command(command, msg, route) if command is not None else self.agent.turn(route, msg, progress))
         lane.turn_of = msg
         try:
             reply = await asyncio.shield(lane.turn)
@@ -290,15 +352,66 @@ class SessionLanes:
         finally:
             lane.turn = lane.turn_of = None
         if reply is None:
-            await self._keep(route, {"role": "system", "text": "turn stopped by /stop", "inReplyTo": msg.id, "ts": time.time()})
+            what = f"command /{command.name}" if command is not None else "turn"
+            await self._keep(route, {"role": "system", "text": f"{what} stopped by /stop", "inReplyTo": msg.id, "ts": time.time()})
             await self._send(msg, route, "stopped.", final=True)
             return
         answer = reply if isinstance(reply, Answer) else Answer(reply)
-        await self._keep(
-            route,
-            {"role": "assistant", "agentId": route.agent_id, "text": answer.text, "inReplyTo": msg.id, "ts": time.time(), "turnS": round(time.monotonic() - t0, 4), **answer.record},
-        )
-        await self._send(msg, route, answer.text, final=True)
+        sent = await self._sending(msg, route, answer.text)
+        record: dict[str, Any] = {
+            "role": "command_reply" if command is not None else "assistant",
+            "agentId": route.agent_id,
+            "text": answer.text,
+            "inReplyTo": msg.id,
+            "ts": time.time(),
+            "turnS": round(time.monotonic() - t0, 4),
+            **answer.record,
+        }
+        if sent is None:
+            record["withheld"] = "message_sending"
+        elif sent != answer.text:
+            record["sent"] = sent
+        await self._keep(route, record)
+        await self._send(msg, route, WITHHELD if sent is None else sent, final=True)
+
+    async def _command(self, command: Invocation, msg: InboundMessage, route: Route) -> Answer:
+        assert self.commands is not None, "only a lane with commands parses one"
+        said = await self.commands.run(command, msg, route)
+        return Answer(said.text, {"command": command.name, "plugin": said.plugin, "outcome": said.outcome})
+
+    async def _sending(self, msg: InboundMessage, route: Route, text: str) -> str | None:
+        """The final answer as the `message_sending` hooks leave it; None: withheld.
+        A failure of the hooks themselves (a bug: each hook's own failure is theirs
+        to judge) costs the hooks, not the answer."""
+        target = msg.reply_to
+        try:
+            return await self.hooks.message_sending(
+                text, channel=target.channel, peer_kind=target.peer.kind, peer_id=target.peer.id, session=route.session_key, agent=route.agent_id
+            )
+        except Exception:
+            logger.exception("{}: the message_sending hooks failed; the answer is sent as it was", route.session_key)
+            return text
+
+    def _received(self, msg: InboundMessage, route: Route, command: Invocation | None) -> None:
+        """`message_received`, for a user's message now in its session."""
+        src = msg.source
+        event: dict[str, Any] = {
+            "content": msg.text,
+            "channel": msg.reply_to.channel,
+            "accountId": route.account_id,
+            "from": {"kind": src.peer.kind, "id": src.peer.id},
+            "senderId": msg.sender_id,
+            "threadId": src.thread_id,
+            "messageId": msg.id,
+            "sessionKey": route.session_key,
+            "agentId": route.agent_id,
+        }
+        if command is not None:
+            event["command"] = command.name
+        try:
+            self.hooks.observe("message_received", event)
+        except Exception:
+            logger.exception("{}: the message_received hooks failed", route.session_key)
 
     async def _keep(self, route: Route, record: dict[str, Any]) -> None:
         """A turn's outcome into its session. A store that fails (a full disk) costs
@@ -341,7 +454,7 @@ class SessionLanes:
                 logger.exception("channel {} failed to deliver a reply", out.target.channel)
 
 
-def _record(role: MessageRole, msg: InboundMessage, route: Route) -> dict[str, Any]:
+def _record(role: RecordRole, msg: InboundMessage, route: Route) -> dict[str, Any]:
     src = msg.source
     rec: dict[str, Any] = {
         "role": role,
