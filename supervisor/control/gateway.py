@@ -31,14 +31,17 @@ from clawsup.sandbox.launch.launcher import Launcher
 from clawsup.sandbox.launch.process import Warden
 from clawsup.sandbox.launch.run_as import RunAs, RunAsPolicy, choose_child_users
 from clawsup.sandbox.launch.uids import SandboxUids, UidAllocator
-from clawsup.supervisor.config import DEFAULT_CONFIG, ClawsupConfig, ignored_keys, load_config
+from clawsup.supervisor.config import DEFAULT_CONFIG, MAX_HOOK_TIMEOUT_S, ClawsupConfig, ignored_keys, load_config
 from clawsup.supervisor.control.api import ControlServer
 from clawsup.supervisor.errors import ClawsupError, ConfigError
+from clawsup.supervisor.hooks import Hooks
 from clawsup.supervisor.sandboxes.lifecycle import Transition
 from clawsup.supervisor.control.loop_watch import watch_loop_from_env
 from clawsup.supervisor.agents.loop import AgentLoop
 from clawsup.supervisor.sandboxes.manager import SandboxManager
-from clawsup.supervisor.messages.assembly import Messaging, channels_from_config, message_bus, session_store
+from clawsup.supervisor.messages.assembly import Messaging, channels_from_config, message_bus, plugin_services, session_store
+from clawsup.supervisor.messages.commands import Commands
+from clawsup.supervisor.messages.owners import Owners
 from clawsup.supervisor.paths import StatePaths
 from clawsup.supervisor.sandboxes.mcp_plans import build_mcp_plans
 from clawsup.supervisor.sandboxes.plans import SandboxPlan, build_plans, workspace_plan
@@ -113,6 +116,25 @@ async def _plain_errors() -> AsyncIterator[None]:
         if found is not None:
             raise found from None
         raise
+
+
+async def _stop_after_hooks(asked: asyncio.Event, stop: asyncio.Event, hooks: Hooks) -> None:
+    """A stop asked for: the plugins hear `gateway_stop` (each within its deadline)
+    while their sandboxes still serve, then the gateway stops."""
+    async with asyncio.TaskGroup() as tg:
+        waits = [tg.create_task(asked.wait()), tg.create_task(stop.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+    if stop.is_set():
+        return  # stopped from elsewhere (a failed start): no plugin to tell
+    try:
+        async with asyncio.timeout(MAX_HOOK_TIMEOUT_S + 1):
+            await hooks.gateway_stop()
+    except TimeoutError:
+        logger.warning("gateway_stop hooks overran; stopping anyway")
+    finally:
+        stop.set()
 
 
 async def _stop_idle_workspaces(workspaces: Workspaces, run: asyncio.Task[None]) -> None:
@@ -224,7 +246,6 @@ async def run_gateway(opts: GatewayOptions) -> int:
             release_user=uids.release,
         )
         workspaces = Workspaces(manager, workspace)
-        tools = ToolDispatcher(manager, workspaces)
         if workspace.unisolated:
             manager.warnings.append(
                 f"the agent's commands are NOT isolated: its workspace sandboxes run on the process backend ({workspace.unisolated}); "
@@ -235,17 +256,21 @@ async def run_gateway(opts: GatewayOptions) -> int:
             # The default agent's workspace sandbox starts with the rest, so that the
             # first exec does not pay for a cold start and `clawsup logs` finds it.
             manager.add(workspaces.plan_for(workspaces.sandbox_id(None, None)))
+        bus = message_bus(cfg)
         for plan in plans:
-            sb = manager.add(plan, listeners=[opts.on_transition] if opts.on_transition is not None else ())
+            sb = manager.add(plan, listeners=[opts.on_transition] if opts.on_transition is not None else (), services=plugin_services(bus, manager, plan))
             for line in plan.refused:
                 sb.log.event(f"the manifest asked for more than is granted: {line}")
-        stop = asyncio.Event()
+        hooks = Hooks(manager.sandboxes, registry)
+        tools = ToolDispatcher(manager, workspaces, hooks)
+        # A stop is asked (`asked`), then the plugins' gateway_stop hooks run while
+        # their sandboxes still serve, then everything stops (`stop`).
+        stop_asked, stop = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        bus = message_bus(cfg)
+            loop.add_signal_handler(sig, stop_asked.set)
         store = session_store(cfg, paths)
-        channels = channels_from_config(cfg, bus, paths, source=str(cfg_path))
+        channels = channels_from_config(cfg, bus, paths, source=str(cfg_path), sandboxes=manager)
         models = Models(cfg, source=str(cfg_path))
         subagents = build_subagents(
             cfg,
@@ -257,10 +282,11 @@ async def run_gateway(opts: GatewayOptions) -> int:
             sessions=bus.inbound,
             backends=run_backend,
             journal=RunJournal(paths.root / "runs.jsonl"),
+            hooks=hooks,
         )
-        agent_loop = AgentLoop(cfg, models=models, tools=tools, spawn=subagents, store=store)
-        messaging = Messaging(cfg, bus=bus, store=store, channels=channels, agent=agent_loop)
-        control = ControlServer(paths.control_socket, manager, tools, stop.set, chat=messaging.cli, subagents=subagents)
+        agent_loop = AgentLoop(cfg, models=models, tools=tools, spawn=subagents, store=store, hooks=hooks)
+        messaging = Messaging(cfg, bus=bus, store=store, channels=channels, agent=agent_loop, commands=Commands(manager, Owners.from_config(cfg)), hooks=hooks)
+        control = ControlServer(paths.control_socket, manager, tools, stop_asked.set, chat=messaging.cli, subagents=subagents)
         await control.start()
         servers = sum(p.role == "mcp" for p in plans)
         logger.info("clawsup supervisor pid {} on {} ({} plugin(s), {} MCP server(s))", os.getpid(), paths.root, len(plans) - servers, servers)
@@ -271,6 +297,8 @@ async def run_gateway(opts: GatewayOptions) -> int:
         try:
             async with _plain_errors(), asyncio.TaskGroup() as tg:
                 run = tg.create_task(manager.run(ready, stop, start_timeout=START_TIMEOUT_S, stop_timeout=stop_timeout))
+                tg.create_task(hooks.run(stop), name="observing hooks")
+                tg.create_task(_stop_after_hooks(stop_asked, stop, hooks), name="gateway_stop hooks")
                 if workspace.scope == "session":
                     tg.create_task(_stop_idle_workspaces(workspaces, run), name="idle workspaces")
                 channels_up = asyncio.Event()
@@ -278,6 +306,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 tg.create_task(subagents.run(stop), name="subagent runs")
                 await ready.wait()
                 await channels_up.wait()
+                hooks.observe("gateway_start", {"pid": os.getpid(), "plugins": sorted(p.plugin_id for p in plans if p.role == "plugin")})
                 if opts.on_ready is not None:
                     await opts.on_ready(manager, tools)
         finally:

@@ -1,7 +1,9 @@
 """The messaging side of the gateway, assembled from config: the bus, the session
-store and the enabled channels (`message_bus`, `session_store`, `channels_from_config`),
-then `Messaging`, which adds the router and the session lanes around the agent that
-runs turns.
+store and the enabled channels (`message_bus`, `session_store`, `channels_from_config`:
+the built-in ones, each enabled plugin channel, and the plugins' HTTP routes on the
+http channel's server), then `Messaging`, which adds the router and the session lanes
+around the agent that runs turns. A plugin's sandbox gets `plugin_services` (its
+channels' inbound messages) when it is added.
 
 The gateway builds them in dependency order: bus, store and channels first, then
 the agent loop and the subagent runs (which need the store and the bus), then
@@ -22,10 +24,15 @@ from clawsup.supervisor.messages.bus import MessageBus
 from clawsup.supervisor.messages.channels import Channel
 from clawsup.supervisor.messages.channels.cli import CliChannel
 from clawsup.supervisor.messages.channels.http import HttpChannel
-from clawsup.supervisor.messages.lanes import Agent, PlaceholderAgent, SessionLanes
+from clawsup.supervisor.messages.channels.plugin import PluginChannel, PluginSandboxes, inbound_services
+from clawsup.supervisor.messages.http_routes import PluginRoutes
+from clawsup.supervisor.messages.commands import Commands
+from clawsup.supervisor.messages.lanes import Agent, MessageHooks, PlaceholderAgent, SessionLanes
 from clawsup.supervisor.messages.routing import Router
 from clawsup.supervisor.messages.session_store import SessionStore
 from clawsup.supervisor.paths import StatePaths
+from clawsup.supervisor.sandboxes.child_requests import Service
+from clawsup.supervisor.sandboxes.plans import SandboxPlan
 
 
 def message_bus(cfg: ClawsupConfig) -> MessageBus:
@@ -39,9 +46,17 @@ def session_store(cfg: ClawsupConfig, paths: StatePaths) -> SessionStore:
     return store
 
 
-def channels_from_config(cfg: ClawsupConfig, bus: MessageBus, paths: StatePaths, *, source: str) -> dict[str, Channel]:
+def plugin_services(bus: MessageBus, sandboxes: PluginSandboxes, plan: SandboxPlan) -> dict[str, Service]:
+    """What a sandbox may ask of the messaging side over its stream
+    (`SandboxManager.add(plan, services=...)`): a plugin, its channels' inbound
+    messages; anything else, nothing."""
+    return inbound_services(bus, sandboxes, plan)
+
+
+def channels_from_config(cfg: ClawsupConfig, bus: MessageBus, paths: StatePaths, *, source: str, sandboxes: PluginSandboxes | None = None) -> dict[str, Channel]:
     """The enabled channels, by name. ConfigError when the http channel's token is
-    missing or short."""
+    missing or short. With `sandboxes` (the gateway's manager), the enabled plugin
+    channels too, and the plugins' HTTP routes on the http channel."""
     channels: dict[str, Channel] = {}
     if cfg.channels.cli.enabled:
         channels["cli"] = CliChannel(bus)
@@ -50,7 +65,20 @@ def channels_from_config(cfg: ClawsupConfig, bus: MessageBus, paths: StatePaths,
         token = h.token or os.environ.get(h.token_env or "", "")
         if len(token) < 16:
             raise ConfigError(source, [f"channels.http.tokenEnv: ${h.token_env} is unset or shorter than 16 characters"])
-        channels["http"] = HttpChannel(bus, host=h.host, port=h.port, token=token, account_id=h.account_id, port_file=paths.run / "http.port", max_connections=h.max_connections)
+        channels["http"] = HttpChannel(
+            bus,
+            host=h.host,
+            port=h.port,
+            token=token,
+            account_id=h.account_id,
+            port_file=paths.run / "http.port",
+            max_connections=h.max_connections,
+            routes=PluginRoutes(sandboxes) if sandboxes is not None else None,
+        )
+    if sandboxes is not None:
+        for cid, c in cfg.channels.plugin_channels().items():
+            if c.enabled:
+                channels[cid] = PluginChannel(cid, sandboxes)
     return channels
 
 
@@ -59,11 +87,23 @@ class Messaging:
     together. Created by the gateway (or `from_config`); `run()` serves them, and
     `aclose()` closes the store once it has returned."""
 
-    def __init__(self, cfg: ClawsupConfig, *, bus: MessageBus, store: SessionStore, channels: Mapping[str, Channel], agent: Agent) -> None:
+    def __init__(
+        self,
+        cfg: ClawsupConfig,
+        *,
+        bus: MessageBus,
+        store: SessionStore,
+        channels: Mapping[str, Channel],
+        agent: Agent,
+        commands: Commands | None = None,
+        hooks: MessageHooks | None = None,
+    ) -> None:
         self.bus = bus
         self.store = store
         self.channels = channels
-        self.lanes = SessionLanes(bus=bus, router=Router(cfg), store=store, agent=agent, channels=channels, session_queue=cfg.bus.session_queue)
+        self.lanes = SessionLanes(
+            bus=bus, router=Router(cfg), store=store, agent=agent, channels=channels, session_queue=cfg.bus.session_queue, commands=commands, hooks=hooks
+        )
 
     @classmethod
     def from_config(cls, cfg: ClawsupConfig, paths: StatePaths, *, source: str, agent: Agent | None = None) -> Messaging:

@@ -18,6 +18,11 @@ bearer token vouches for; the channel name is always `http`. Loopback only.
 stays open and sends `reply` events for that user that no open POST is waiting for:
 the agent's answer to a subagent's announce, which comes when the run ends. It opens
 with `ready`, and a comment every KEEPALIVE_S finds a client that went away.
+
+    ANY /plugins/<plugin id>/<path>
+
+is a plugin's HTTP route (supervisor/messages/http_routes.py), under the same body
+cap and connection bound, looked up when the request comes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from clawsup.sandbox.manifest import format_validation_error
 from clawsup.supervisor.messages.bus import Busy, InboundMessage, MessageBus, OutboundMessage, ReplyTarget
 from clawsup.supervisor.messages.channels import SHUTTING_DOWN, Conversations, who
 from clawsup.supervisor.errors import ClawsupError
+from clawsup.supervisor.messages.http_routes import PREFIX, PluginRoutes
 from clawsup.supervisor.messages.routing import Peer, Route, RouteInput, norm_account
 
 NAME = "http"
@@ -76,8 +82,21 @@ class MessageIn(BaseModel):
 class HttpChannel:
     name = NAME
 
-    def __init__(self, bus: MessageBus, *, host: str, port: int, token: str, account_id: str, port_file: Path, max_connections: int = 256) -> None:
+    def __init__(
+        self,
+        bus: MessageBus,
+        *,
+        host: str,
+        port: int,
+        token: str,
+        account_id: str,
+        port_file: Path,
+        max_connections: int = 256,
+        routes: PluginRoutes | None = None,
+    ) -> None:
+        """`routes`: the plugins' HTTP routes, served under /plugins/ (none without)."""
         self.conversations = Conversations(bus)
+        self._routes = routes
         self._max_connections = max_connections
         self._host, self._port, self._token = host, port, token.encode()
         self._account = account_id
@@ -92,6 +111,10 @@ class HttpChannel:
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post("/v1/messages", self._message)
         app.router.add_get("/v1/events", self._events)
+        if self._routes is not None:
+            # One route for all of them, added before the app is frozen: plugins'
+            # routes come and go while it serves.
+            app.router.add_route("*", PREFIX + "/{plugin}/{tail:.*}", self._plugin_route)
         # Open streams are ended by close_all below; what is left gets a short grace.
         # An idle keep-alive connection is closed after KEEPALIVE_S, not aiohttp's hour.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0, keepalive_timeout=KEEPALIVE_S)
@@ -127,6 +150,10 @@ class HttpChannel:
     def _authorized(self, request: web.Request) -> bool:
         got = request.headers.get("Authorization", "")
         return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), self._token)
+
+    async def _plugin_route(self, request: web.Request) -> web.StreamResponse:
+        assert self._routes is not None
+        return await self._routes.handle(request, authorized=self._authorized(request))
 
     async def _message(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request):
