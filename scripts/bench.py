@@ -3,7 +3,7 @@ to a baseline measured in the same run (these machines are noisy; compare ratios
 and writes the numbers as JSON to --out.
 
     python scripts/bench.py [--out bench.json] [--calls 2000] [--starts 30] [--crashes 50]
-    python scripts/bench.py --only g|h|i|m|n|ab|mcp   (one figure)
+    python scripts/bench.py --only g|h|i|m|n|ab|mcp|p|q   (one figure)
 
 Figures (see issue 2):
   (a) warm tool call, supervisor -> plugin -> supervisor, through ToolDispatcher.invoke
@@ -61,6 +61,17 @@ use into a venv under /var/tmp/clawsup-bench:
       warm call, one tools/call through ToolDispatcher.invoke, `--mcp-calls` times
       baseline: the same SDK session's call_tool to the same server, in interleaved
       blocks; target <= 1.3x
+Figures (issue 16), `--only p` and `--only q` (plugins in scripts/bench_plugins):
+  (p) one `before_tool_call` gate (benchgate, granted hooks.allow, answering None) on a
+      warm call of basics' echo through ToolDispatcher.invoke: with - without, on
+      process and bwrap, the gate a plain function and a coroutine; beside it
+      Hooks.before_tool_call alone; interleaved blocks, `--gate-calls` each way
+      baseline: the bare grpc.aio unary echo of (a); target: added <= 1.3x it
+  (q) a message's round trip through a plugin channel (benchchan) of a real gateway,
+      emit_message to the final reply's send, timed in the sandbox; on process and
+      bwrap, `--channel-messages` each way
+      baseline: the same gateway's http channel, POST /v1/messages to the `reply`
+      event, in interleaved blocks
 Figures (issue 6), skipped (and said) without an engine and the image:
   (j) docker cold start, spawn to ready; floor: `docker run --rm IMAGE /bin/true`
       through the same SDK
@@ -1046,6 +1057,247 @@ def print_mcp(r: dict[str, Any]) -> None:
         print(f"  {'  direct: SDK call_tool':<38}{b['p50']:>10.3f}{b['p99']:>10.3f}")
 
 
+# -- (p) a before_tool_call gate, (q) a plugin channel (issue 16) ---------------------
+
+BENCH_PLUGINS = ROOT / "scripts" / "bench_plugins"
+
+
+def gate_plans(backend: str, variant: str, tmp: Path) -> list[SandboxPlan]:
+    """basics and benchgate as the gateway would plan them from a config, with the
+    operator's grant that lets the gate guard other plugins' tools
+    (`plugins.entries.benchgate.hooks.allow`); on process both are trusted. `variant`
+    "sync": the gate a plain function (run in a worker thread of its host); "async":
+    a coroutine (on the host's loop). Sandbox
+    ids of their own (the managers here share this process's cgroup root), and the
+    bench's restart policy."""
+    from clawsup.supervisor.config import ClawsupConfig
+    from clawsup.supervisor.sandboxes.plans import build_plans
+
+    trust = "trusted" if backend == "process" else "untrusted"
+    cfg = ClawsupConfig.model_validate({
+        "plugins": {
+            "load": {"paths": [str(ROOT / "plugins" / "basics"), str(BENCH_PLUGINS / "benchgate")]},
+            "entries": {"basics": {"trust": trust}, "benchgate": {"trust": trust, "hooks": {"allow": ["before_tool_call"]}, "config": {"async": variant == "async"}}},
+        },
+        "sandbox": {"defaults": {"backend": backend}},
+    })  # fmt: skip
+    plans = build_plans(cfg, config_source="bench", config_dir=tmp, extra_plugins=[])
+    return [dataclasses.replace(p, sandbox_id=f"{p.sandbox_id}-{backend}-{variant}-p", restart=basics_plan(backend).restart) for p in plans]
+
+
+async def bench_gated_calls(tools: ToolDispatcher, n: int, warmup: int) -> list[float]:
+    out = []
+    args = {"text": PAYLOAD}
+    for i in range(warmup + n):
+        t0 = time.perf_counter()
+        r = await tools.invoke("echo", args, agent="main", session="agent:main:bench")
+        if i >= warmup:
+            out.append((time.perf_counter() - t0) * 1000)
+        assert r.text == PAYLOAD
+    return out
+
+
+async def bench_gate_alone(hooks: Any, n: int, warmup: int) -> list[float]:
+    out = []
+    args = {"text": PAYLOAD}
+    for i in range(warmup + n):
+        t0 = time.perf_counter()
+        given = await hooks.before_tool_call("echo", "basics", args, agent="main", session="agent:main:bench")
+        if i >= warmup:
+            out.append((time.perf_counter() - t0) * 1000)
+        assert given is args
+    return out
+
+
+GATE_RUNS = (("process", "sync"), ("process", "async"), ("bwrap", "sync"), ("bwrap", "async"))
+
+
+async def bench_gate(a: Any, launchers: dict[str, Any], tmp: Path, echo_path: str) -> dict[str, Any]:
+    """Figure (p), on process and on bwrap, with a sync and an async gate: the warm
+    call of basics' `echo` through ToolDispatcher.invoke without hooks and with one
+    `before_tool_call` gate (a plugin of its own, granted to guard other plugins'
+    tools, answering None), and
+    the bare grpc.aio unary echo, in interleaved blocks. The gate's cost is the
+    difference (with - without, per percentile); for scale, Hooks.before_tool_call
+    alone (one CallOffer to the gate's sandbox) is timed in the same blocks."""
+    from clawsup.supervisor.hooks import Hooks
+
+    out: dict[str, Any] = {}
+    for backend, variant in GATE_RUNS:
+        key = f"p_gate_{backend}_{variant}_ms"
+        if backend not in launchers:
+            out[key] = {"skipped": bwrap_problem()}
+            continue
+        paths = StatePaths(tmp / f"gate-{backend}-{variant}")
+        paths.ensure()
+        m = SandboxManager(registry=Registry(reserved=frozenset(CORE_TOOLS)), launchers={backend: launchers[backend]}, paths=paths, timing=Timing(heartbeat_interval_s=2.0), env_allowlist=["PATH", "LANG"])
+        for plan in await asyncio.to_thread(gate_plans, backend, variant, tmp):
+            m.add(plan)
+        hooks = Hooks(m.sandboxes, m.registry)
+        plain, gated = ToolDispatcher(m, None), ToolDispatcher(m, None, hooks)
+        without, with_gate, alone, base = [], [], [], []
+        ready, stop = asyncio.Event(), asyncio.Event()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(m.run(ready, stop, start_timeout=60, stop_timeout=10))
+                await ready.wait()
+                block = max(a.gate_calls // 10, 1)
+                for _ in range(10):
+                    base += await bench_bare_echo(echo_path, block, 50)
+                    without += await bench_gated_calls(plain, block, 50)
+                    with_gate += await bench_gated_calls(gated, block, 50)
+                    alone += await bench_gate_alone(hooks, block, 50)
+                stop.set()
+        finally:
+            await m.aclose()
+        w, wo, b = summary(with_gate), summary(without), summary(base)
+        added = {p: w[p] - wo[p] for p in ("p50", "p90", "p99")}
+        out[key] = {
+            "figure": w,
+            "without": wo,
+            "gate_alone": summary(alone),
+            "baseline": b,
+            "baseline_name": "bare grpc.aio unary echo, unix socket",
+            "added": added,
+            # The target: the gate adds <= 1.3x a bare gRPC unary call.
+            "added_over_baseline": {p: added[p] / b[p] for p in ("p50", "p99")},
+        }
+    return out
+
+
+def print_gate(r: dict[str, Any]) -> None:
+    print("(p) one before_tool_call gate on a warm call of basics' echo (ToolDispatcher.invoke), ms")
+    print(f"  {'':<38}{'p50':>9}{'p90':>9}{'p99':>9}")
+    for backend, variant in GATE_RUNS:
+        g = r.get(f"p_gate_{backend}_{variant}_ms")
+        if g is None:
+            continue
+        if "skipped" in g:
+            print(f"  {backend}: skipped: {g['skipped']}")
+            continue
+        rows = (("with the gate", g["figure"]), ("without", g["without"]), ("added (with - without)", g["added"]), ("Hooks.before_tool_call alone", g["gate_alone"]), ("bare gRPC unary (baseline)", g["baseline"]))
+        print(f"  {backend}, {variant} gate ({g['figure']['n']} calls each)")
+        for label, x in rows:
+            print(f"    {label:<36}{x['p50']:>9.3f}{x['p90']:>9.3f}{x['p99']:>9.3f}")
+        q = g["added_over_baseline"]
+        print(f"    {'added / bare unary':<36}{q['p50']:>8.2f}x{'':>9}{q['p99']:>8.2f}x   (target <= 1.3x)")
+
+
+CHANNEL_TOKEN = "bench-token-0123456789"
+
+
+def bench_channel(messages: int, backend: str) -> dict[str, Any]:
+    """Figure (q): a message's round trip through a plugin channel (benchchan, on
+    `backend`) of a real gateway (`clawsup start`), from the adapter's
+    `emit_message` to its `send` of the final reply, timed in the plugin's sandbox;
+    against the built-in http channel of the same gateway, from POST /v1/messages to
+    the `reply` event, timed here (one kept-alive connection). The placeholder agent
+    answers both; interleaved blocks, a new peer (so a new, short session) each block."""
+    import http.client
+
+    from clawsup.supervisor.control.api import ControlClient
+
+    state = Path(tempfile.mkdtemp(prefix="cs-bench-chan-", dir="/tmp"))
+    # A copy the sandbox's own uid can read, wherever the checkout is.
+    plugin = state / "plugins" / "benchchan"
+    shutil.copytree(BENCH_PLUGINS / "benchchan", plugin, ignore=shutil.ignore_patterns("__pycache__"))
+    for d in (state / "plugins", plugin):
+        os.chmod(d, 0o755)
+    cfg = {
+        "plugins": {"load": {"paths": [str(plugin)]}, "entries": {"benchchan": {"trust": "trusted" if backend == "process" else "untrusted"}}},
+        "sandbox": {"defaults": {"backend": backend}, **({"runAs": "supervisor"} if backend == "process" else {})},
+        "session": {"dmScope": "per-channel-peer"},
+        "sessionStore": {"fsync": "never"},
+        "channels": {"http": {"enabled": True, "port": 0, "token": CHANNEL_TOKEN}, "benchchan": {"enabled": True}},
+    }
+    (state / "clawsup.json").write_text(json.dumps(cfg))
+    console = open(state / "console.txt", "w+")
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "clawsup.supervisor.control.cli", "start", "--config", str(state / "clawsup.json"), "--state-dir", str(state)],
+        stdout=console, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    client = ControlClient(state / "run" / "control.sock")
+    conn: http.client.HTTPConnection | None = None
+
+    def http_one(peer: str, text: str) -> float:
+        assert conn is not None
+        body = json.dumps({"text": text, "peer": {"kind": "direct", "id": peer}})
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/messages", body, {"Authorization": f"Bearer {CHANNEL_TOKEN}", "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200, (resp.status, resp.read())
+        took, event = None, None
+        for raw in resp:  # to the stream's end, so that the connection is free again
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line[7:]
+                if event == "reply" and took is None:
+                    took = (time.perf_counter() - t0) * 1000
+            elif event == "error":
+                raise AssertionError(line)
+        assert took is not None, "no reply event"
+        return took
+
+    def plugin_block(peer: str, n: int) -> list[float]:
+        r = client.request({"op": "call", "name": "benchchan_round_trips", "args": {"n": n, "peer": peer}, "timeout": 300})
+        assert r.get("ok"), r
+        times = json.loads(r["data"]["result"]) if isinstance(r["data"]["result"], str) else r["data"]["result"]
+        assert len(times) == n, times
+        return [float(t) for t in times]
+
+    try:
+        while not (state / "run" / "control.sock").exists() or not (state / "run" / "http.port").exists():
+            if sup.poll() is not None:
+                console.seek(0)
+                raise SystemExit(f"(q): the gateway exited with {sup.returncode}:\n{console.read()[-3000:]}")
+            time.sleep(0.05)  # only while the gateway is not up yet
+        r = client.request({"op": "wait", "sandbox": "benchchan", "states": ["ready"], "timeout": 60})
+        assert r.get("ok"), r
+        conn = http.client.HTTPConnection("127.0.0.1", int((state / "run" / "http.port").read_text()), timeout=60)
+        plugin_block("warm", 20)
+        for i in range(20):
+            http_one("warm", f"warm {i}")
+        via_plugin, via_http = [], []
+        block = max(messages // 10, 1)
+        for b in range(10):
+            via_http += [http_one(f"h{b}", f"message {k}") for k in range(block)]
+            via_plugin += plugin_block(f"p{b}", block)
+        client.stop()
+        sup.wait(30)
+    except BaseException:
+        console.seek(0)
+        print(console.read()[-5000:])
+        raise
+    finally:
+        if conn is not None:
+            conn.close()
+        if sup.poll() is None:
+            sup.kill()
+        shutil.rmtree(state, ignore_errors=True)
+    return {
+        "figure": summary(via_plugin),
+        "baseline": summary(via_http),
+        "baseline_name": "the built-in http channel, same gateway: POST /v1/messages to the `reply` event (SSE), kept-alive connection",
+        "backend": backend,
+    }
+
+
+def print_channel(r: dict[str, Any]) -> None:
+    print("(q) a message's round trip through a channel, placeholder agent, ms")
+    print(f"  {'':<44}{'p50':>9}{'p90':>9}{'p99':>9}")
+    for backend in ("process", "bwrap"):
+        q = r.get(f"q_channel_{backend}_ms")
+        if q is None:
+            continue
+        if "skipped" in q:
+            print(f"  {backend}: skipped: {q['skipped']}")
+            continue
+        f, b = q["figure"], q["baseline"]
+        for label, x in ((f"plugin channel, {backend} ({f['n']})", f), (f"http channel ({b['n']})", b)):
+            print(f"  {label:<44}{x['p50']:>9.3f}{x['p90']:>9.3f}{x['p99']:>9.3f}")
+        print(f"  {'ratio plugin / http':<44}{f['p50'] / b['p50']:>8.2f}x{f['p90'] / b['p90']:>8.2f}x{f['p99'] / b['p99']:>8.2f}x")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench.json")
@@ -1055,7 +1307,9 @@ async def main() -> None:
     ap.add_argument("--execs", type=int, default=500)
     ap.add_argument("--messages", type=int, default=2000, help="per (g) run, spread over the sessions (at least 2 per session)")
     ap.add_argument("--g-sessions", default=",".join(map(str, G_SESSIONS)), help="the counts of sessions (g) runs over")
-    ap.add_argument("--only", choices=["g", "h", "i", "m", "n", "ab", "mcp"], help="run only this figure (ab: (a) and (b) on process and bwrap; mcp: (o))")
+    ap.add_argument("--only", choices=["g", "h", "i", "m", "n", "ab", "mcp", "p", "q"], help="run only this figure (ab: (a) and (b) on process and bwrap; mcp: (o))")
+    ap.add_argument("--channel-messages", type=int, default=500, help="(q): messages each way (plugin channel, http channel), per backend")
+    ap.add_argument("--gate-calls", type=int, default=2000, help="(p): warm calls each way (with the gate, without, the gate alone, bare gRPC), per backend")
     ap.add_argument("--mcp-starts", type=int, default=20, help="(o): cold starts each way")
     ap.add_argument("--mcp-calls", type=int, default=500, help="(o): warm calls each way, per backend")
     ap.add_argument("--status-calls", type=int, default=1000, help="(n): `status` calls each way, restarting and idle")
@@ -1074,6 +1328,15 @@ async def main() -> None:
         results = {"n_status_while_restarting_ms": bench_status(a.status_calls, a.status_backend or ("process" if bwrap_problem() else "bwrap"))}
         Path(a.out).write_text(json.dumps(results, indent=2))
         print_status(results["n_status_while_restarting_ms"])
+        return
+    if a.only == "q":
+        results = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+        for backend in ("process", "bwrap"):
+            skip = bwrap_problem() if backend == "bwrap" else ""
+            results[f"q_channel_{backend}_ms"] = {"skipped": skip} if skip else bench_channel(a.channel_messages, backend)
+        Path(a.out).write_text(json.dumps(results, indent=2))
+        print(f"machine: {results['machine']}")
+        print_channel(results)
         return
     if a.only == "i":
         results = {"i_policy_200_tools_ms": bench_policy()}
@@ -1107,6 +1370,8 @@ async def main() -> None:
             await ready.wait()
             if a.only == "mcp":
                 results |= await bench_mcp(a, launchers, tmp)
+            elif a.only == "p":
+                results |= await bench_gate(a, launchers, tmp, echo_path)
             elif a.only == "ab":
                 results["a_warm_call_ms"] = await figure_a(manager, echo_path, a.calls)
                 results["b_cold_start_ms"] = await figure_b(manager, a.starts)
@@ -1115,7 +1380,7 @@ async def main() -> None:
                 await _all_in_manager(a, manager, launchers, tmp, echo_proc, echo_path, results)
                 await _bwrap_plugin_figures(a, launchers, tmp, echo_path, results)
                 results |= await bench_mcp(a, launchers, tmp)
-            if a.only not in ("ab", "mcp"):
+            if a.only not in ("ab", "mcp", "p"):
                 await _bench_runs(a, manager, launchers, tmp, results)
             stop.set()
     finally:
@@ -1124,11 +1389,14 @@ async def main() -> None:
         await manager.aclose()
         warden.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    if a.only in ("m", "ab", "mcp"):
+    if a.only in ("m", "ab", "mcp", "p"):
         Path(a.out).write_text(json.dumps(results, indent=2))
         if a.only == "mcp":
             print(f"machine: {results['machine']}")
             print_mcp(results)
+        elif a.only == "p":
+            print(f"machine: {results['machine']}")
+            print_gate(results)
         else:
             print_table(results)
         return
