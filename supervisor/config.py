@@ -728,7 +728,8 @@ OPENCLAW_SECTIONS = frozenset({"models", "gateway", "messages", "commands", "hoo
 
 def ignored_keys(model: BaseModel, path: str = "") -> list[str]:
     """Keys of the config that were accepted but mean nothing to clawsup."""
-    out = [f"{path}{k}" for k in (model.model_extra or {})]
+    # A plugin channel (`channels.<id>`) is an extra key the model keeps on purpose.
+    out = [f"{path}{k}" for k, v in (model.model_extra or {}).items() if not isinstance(v, PluginChannelConfig)]
     for name, field in type(model).model_fields.items():
         key = f"{path}{field.alias or name}"
         value = getattr(model, name)

@@ -14,7 +14,9 @@ Three ways a hook runs (sandbox/offers.py names which hook runs which way):
   way, but one that fails is skipped (logged): they shape a reply, they guard nothing.
 - **observing** hooks are queued and run in the background by `run`'s workers, in
   parallel, each within its deadline: they never hold up what they observe. Past
-  MAX_PENDING waiting, new events are dropped and counted.
+  MAX_PENDING waiting, or PER_PLUGIN of one plugin's waiting or running, new events
+  are dropped and counted: a plugin whose observers hang holds at most its share of
+  the workers, and the other plugins' events still run.
 
 What a hook sees is what it needs, and content only where granted: a plugin's tool
 hooks see other plugins' tools only if the operator listed the hook in its
@@ -43,11 +45,15 @@ MAX_PENDING = 1024
 """Observing hook calls waiting for a worker; past it an event is dropped (counted)."""
 WORKERS = 16
 """Observing hook calls in flight at once."""
+PER_PLUGIN = 4
+"""One plugin's observing hook calls waiting or in flight at once."""
 MAX_CONTEXT_CHARS = 16 * 1024
 """What one `before_agent_start` hook may prepend."""
 MAX_RESULT_CHARS = 16 * 1024
 """What `after_tool_call` shows of a result."""
 MAX_REASON_CHARS = 500
+MAX_REPLY_CHARS = 100_000
+"""What a `message_sending` hook may make of a reply (a channel message's own cap)."""
 
 
 class HookObserver(Protocol):
@@ -88,6 +94,8 @@ class Hooks:
             for hook in sb.plan.offers.declares("hook"):
                 self._declared.setdefault(hook, []).append(sb)
         self._queue: asyncio.Queue[_Event] = asyncio.Queue(MAX_PENDING)
+        self._held: dict[str, int] = {}
+        """Plugin id -> its observing calls queued or running (PER_PLUGIN)."""
         self.dropped = 0
 
     def declared(self, hook: str) -> bool:
@@ -100,7 +108,7 @@ class Hooks:
         gates = self._declared.get("before_tool_call")
         if not gates:
             return args
-        for sb in self._chain("before_tool_call", [g for g in gates if _sees(g, owner)]):
+        for sb in self._chain("before_tool_call", [g for g in gates if _sees(g, owner, "before_tool_call")]):
             event = {"toolName": tool, "params": args, "toolOwner": owner, "agentId": agent, "sessionKey": session}
             pid = sb.plan.plugin_id
             try:
@@ -136,7 +144,7 @@ class Hooks:
             "result": result[:MAX_RESULT_CHARS] if result is not None else None, "error": error, "durationMs": round(duration_s * 1000, 3),
         }  # fmt: skip
         for sb in hooked:
-            if _sees(sb, owner):
+            if _sees(sb, owner, "after_tool_call"):
                 self._enqueue(sb, "after_tool_call", event)
 
     # -- the other modifying hooks ---------------------------------------------------
@@ -152,7 +160,7 @@ class Hooks:
                 sb.log.event(f"hook message_sending cancelled a reply in {session}")
                 return None
             if isinstance(answer.get("content"), str):
-                text = answer["content"]
+                text = answer["content"][:MAX_REPLY_CHARS]
         return text
 
     async def before_agent_start(self, prompt: str, *, agent: str, session: str, channel: str) -> str:
@@ -192,8 +200,12 @@ class Hooks:
                 tg.create_task(self._call_quietly(_Event(sb, "gateway_stop", {"reason": "stopping"})))
 
     def _enqueue(self, sb: SupervisedSandbox, hook: str, event: dict[str, Any]) -> None:
+        pid = sb.plan.plugin_id
         try:
+            if self._held.get(pid, 0) >= PER_PLUGIN:
+                raise asyncio.QueueFull
             self._queue.put_nowait(_Event(sb, hook, event))
+            self._held[pid] = self._held.get(pid, 0) + 1
         except asyncio.QueueFull:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
@@ -205,7 +217,11 @@ class Hooks:
 
         async def worker() -> None:
             while True:
-                await self._call_quietly(await self._queue.get())
+                ev = await self._queue.get()
+                try:
+                    await self._call_quietly(ev)
+                finally:
+                    self._held[ev.sb.plan.plugin_id] -= 1
 
         async with asyncio.TaskGroup() as tg:
             workers = [tg.create_task(worker(), name=f"hook worker {i}") for i in range(WORKERS)]
@@ -220,6 +236,10 @@ class Hooks:
             await ev.sb.call_offer("hook", ev.hook, ev.payload, ev.sb.plan.offers.hook_timeout_s)
         except OfferFailed as e:
             self._failed(ev.sb, ev.hook, str(e))
+        except Exception:
+            # A bug of ours must cost this event, never the workers (whose group is
+            # the gateway's).
+            logger.exception("{}: observing hook {} failed in the supervisor", ev.sb.id, ev.hook)
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -260,7 +280,8 @@ def _gate_answer(answer: Any) -> dict[str, Any] | str | None:
     return None
 
 
-def _sees(sb: SupervisedSandbox, tool_owner: str) -> bool:
-    """A plugin's tool hooks see its own tools, and others' only where granted."""
-    return tool_owner == sb.plan.plugin_id or sb.plan.offers.sees_all_tools()
+def _sees(sb: SupervisedSandbox, tool_owner: str, hook: str) -> bool:
+    """A plugin's tool hook sees its own tools, and others' only where that hook is
+    granted: leave to watch results (after_tool_call) is not leave to rewrite calls."""
+    return tool_owner == sb.plan.plugin_id or hook in sb.plan.offers.hooks_allow
 

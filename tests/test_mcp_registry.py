@@ -188,7 +188,7 @@ def test_replace_owned_touches_only_that_owner_and_kind() -> None:
     refused = registry.replace_owned("mcp:t", Kind.TOOL, new).refused
     assert refused == {"echo": "plugin 'basics' already holds it", "exec": "the name belongs to a core tool"}
     assert [r.name for r in registry.tools()] == ["echo", "exec", "t_new"]
-    assert registry.get(Kind.SERVICE, "t_svc") is not None
+    assert registry.get(Kind.SERVICE, "t_svc", owner="mcp:t") is not None
     t_new = registry.get(Kind.TOOL, "t_new")
     assert t_new is not None and t_new.arguments is not None  # compiled, as `register` does
     with pytest.raises(ValueError, match="another owner's or kind's registration"):

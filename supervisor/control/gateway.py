@@ -201,6 +201,10 @@ async def run_gateway(opts: GatewayOptions) -> int:
         if ignored := ignored_keys(cfg):
             logger.warning("config keys clawsup does not use (kept for OpenClaw compatibility): {}", ", ".join(ignored))
         plans = await asyncio.to_thread(_all_plans, cfg, cfg_path, paths.root, opts.extra_plugins)
+        declared_channels = {c for p in plans for c in p.offers.declares("channel")}
+        for cid, chan in cfg.channels.plugin_channels().items():
+            if chan.enabled and cid not in declared_channels:
+                logger.warning("channels.{}: no plugin declares this channel (contracts.channels); nothing will speak for it", cid)
         cgroups = await asyncio.to_thread(CgroupRoot.create)
         if cgroups is None:
             logger.warning(
@@ -268,7 +272,8 @@ async def run_gateway(opts: GatewayOptions) -> int:
         stop_asked, stop = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop_asked.set)
+            # A second signal does not wait for the plugins' gateway_stop hooks.
+            loop.add_signal_handler(sig, lambda: stop.set() if stop_asked.is_set() else stop_asked.set())
         store = session_store(cfg, paths)
         channels = channels_from_config(cfg, bus, paths, source=str(cfg_path), sandboxes=manager)
         models = Models(cfg, source=str(cfg_path))

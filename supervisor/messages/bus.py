@@ -79,6 +79,9 @@ class InboundMessage:
     sender_id: str | None = None
     """Who wrote it, where the channel tells a sender apart from the peer (a group
     member); a plugin channel's word, checked against `channels.<id>.owners`."""
+    by_plugin: bool = False
+    """Brought by a plugin's channel adapter: counted against the plugin channels'
+    share of the gateway's bound (`MessageBus.submit`)."""
     agent_override: str | None = None
     """Only the operator's own channel (the CLI) may name the agent."""
     role: MessageRole = "user"
@@ -116,6 +119,12 @@ class MessageBus:
         self.capacity = inbound_capacity
         self.held = 0
         """Messages handed in through `submit` and not yet released."""
+        # A plugin's channel speaks for people the operator never met: one may hold a
+        # quarter of the capacity, and all of them half, so that a flood from one
+        # cannot make the gateway busy for the cli, the http channel or the others.
+        self.plugin_share = max(1, inbound_capacity // 4)
+        self.plugins_share = max(1, inbound_capacity // 2)
+        self._held_by: dict[str, int] = {}
         # Not bounded by its size: `submit` admits at most `capacity` channel
         # messages; the gateway's own (a subagent's report, put here directly) are
         # bounded by the subagent limits, and must not be refused.
@@ -133,6 +142,15 @@ class MessageBus:
             raise GatewayBusy(
                 f"the gateway is busy: it holds {self.held} messages not yet answered (bus.inboundCapacity is {self.capacity}); nothing was kept, try again in {RETRY_AFTER_S} s"
             )
+        channel = msg.reply_to.channel
+        if msg.by_plugin:
+            mine, plugins = self._held_by.get(channel, 0), sum(self._held_by.values())
+            if mine >= self.plugin_share or plugins >= self.plugins_share:
+                raise GatewayBusy(
+                    f"channel {channel!r} holds {mine} messages not yet answered, and plugin channels {plugins}: its share of bus.inboundCapacity "
+                    f"({self.plugin_share}, and {self.plugins_share} for all plugin channels) is full; nothing was kept, try again in {RETRY_AFTER_S} s"
+                )
+            self._held_by[channel] = mine + 1
         self.held += 1
         msg.held = True
         self.inbound.put_nowait(msg)
@@ -142,3 +160,8 @@ class MessageBus:
         if msg.held:
             msg.held = False
             self.held -= 1
+            channel = msg.reply_to.channel
+            if channel in self._held_by:
+                self._held_by[channel] -= 1
+                if not self._held_by[channel]:
+                    del self._held_by[channel]  # channels come and go: the dict must not grow

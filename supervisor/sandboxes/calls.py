@@ -87,6 +87,11 @@ class Calls:
             raise OfferFailed(kind, name, self._plan.plugin_id, "timed_out", f"did not answer within its {timeout:g} s deadline") from None
         except ToolFailed as e:
             raise OfferFailed(kind, name, self._plan.plugin_id, "failed", f"failed: {e.message}") from None
+        if outcome.error_kind == "timed_out":
+            # A sync handler that overran cannot be interrupted: its host says
+            # NOT_SERVING, and is replaced now rather than at the next heartbeat, so
+            # that the calls after this one are not each held to their deadline.
+            await self._overrun(inc, f"{kind} {name}", timeout)
         if not outcome.ok:
             how = "timed_out" if outcome.error_kind == "timed_out" else "raised" if outcome.error_kind == "raised" else "failed"
             said = f"did not answer within its {timeout:g} s deadline" if how == "timed_out" else f"raised {outcome.error}" if how == "raised" else f"failed: {outcome.error}"
@@ -95,6 +100,8 @@ class Calls:
             return json.loads(outcome.payload_json)
         except json.JSONDecodeError:
             raise OfferFailed(kind, name, self._plan.plugin_id, "failed", "answered with something that is not JSON") from None
+        except RecursionError:
+            raise OfferFailed(kind, name, self._plan.plugin_id, "failed", "answered with JSON nested too deeply to read") from None
 
     async def exec(
         self, inc: Incarnation, command: str, *, workdir: str, timeout: float, output_cap: int, kill_grace: float, on_output: OutputSink | None

@@ -123,12 +123,17 @@ class SandboxManager:
         listeners: Sequence[Callable[[Transition], None]] = (),
     ) -> SupervisedSandbox:
         """Add a plugin's sandbox (not started yet). Plugins added first win contested
-        tool names, so the outcome never depends on which child starts faster.
+        tool names, command names and channel ids, so the outcome never depends on
+        which child starts faster, nor on which is down when another restarts.
         `services` and `listeners`: see `SupervisedSandbox`."""
         log = SandboxLog(self._paths.sandbox_log(plan.sandbox_id))
         self._logs.append(log)
         for name, holder in self.registry.claim(plan.plugin_id, Kind.TOOL, plan.declared_tools).items():
             log.event(f"tool {name!r} will be refused: plugin {holder!r} already holds it (loaded first)")
+        for kind, what in ((Kind.COMMAND, "command"), (Kind.CHANNEL, "channel")):
+            for name, holder in self.registry.claim(plan.plugin_id, kind, plan.offers.declares(kind.value)).items():
+                log.event(f"{what} {name!r} will be refused: plugin {holder!r} declares it too and was loaded first")
+                logger.warning("{}: {} {!r} will be refused: plugin {!r} declares it too and was loaded first", plan.sandbox_id, what, name, holder)
         sb = SupervisedSandbox(
             plan,
             launcher=self._launchers[plan.backend],

@@ -8,7 +8,7 @@ under its name; a refusal is named in the sandbox's log and kept for
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from loguru import logger
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from clawsup.supervisor.sandboxes.plans import SandboxPlan
 
 MAX_DESCRIBED_OFFERS = 1024
+MAX_DESCRIPTION_CHARS = 1024
 MAX_NAMED_REFUSALS = 16
 CONTRACT_KEYS: Mapping[str, str] = {"hook": "hooks", "command": "commands", "service": "services", "channel": "channels", "http_route": "httpRoutes"}
 KINDS: Mapping[str, Kind] = {"hook": Kind.HOOK, "command": Kind.COMMAND, "service": Kind.SERVICE, "channel": Kind.CHANNEL, "http_route": Kind.HTTP_ROUTE}
@@ -46,10 +47,6 @@ class OfferGrant:
 
     def declares(self, kind: str) -> frozenset[str]:
         return self.declared.get(kind, frozenset())
-
-    def sees_all_tools(self) -> bool:
-        """Whether its tool hooks see other plugins' tools (granted), or its own only."""
-        return "before_tool_call" in self.hooks_allow or "after_tool_call" in self.hooks_allow
 
     def granted(self, hook: str) -> bool:
         return hook not in offers.CONTENT_HOOKS or hook in self.hooks_allow
@@ -89,7 +86,9 @@ class OfferAcceptance:
         for spec in described[:MAX_DESCRIBED_OFFERS]:
             why = self._refusal(spec)
             if why is None:
-                reg = Registration(kind=KINDS[spec.kind], name=spec.name, owner=self._plan.plugin_id, sandbox_id=self._plan.sandbox_id, description=spec.description[:1024], offer=spec)
+                # Kept as shown (`/help`, `plugins show`): bounded, whatever the host sent.
+                kept = replace(spec, description=spec.description[:MAX_DESCRIPTION_CHARS], priority=max(-1000, min(1000, spec.priority)))
+                reg = Registration(kind=KINDS[spec.kind], name=spec.name, owner=self._plan.plugin_id, sandbox_id=self._plan.sandbox_id, description=kept.description, offer=kept)
                 try:
                     accepted.append(self._registry.register(reg))
                     continue

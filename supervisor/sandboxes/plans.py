@@ -290,7 +290,7 @@ def _plan(
             command_timeout_s=entry.command_timeout_seconds,
             http_plugin_auth=entry.http.allow_plugin_auth,
             http_timeout_s=entry.http.timeout_seconds,
-            channels_enabled=frozenset(k for k, c in cfg.channels.plugin_channels().items() if c.enabled),
+            channels_enabled=frozenset(k for k, c in cfg.channels.plugin_channels().items() if c.enabled and k in manifest.contracts.channels),
         ),
     )
 

@@ -80,6 +80,10 @@ class ToolDispatcher:
             return await self._dispatch(reg, name, args, timeout, agent=agent, session=session, workspace=workspace, on_output=on_output)
         given = json.loads(args) if isinstance(args, str) else args
         changed = await hooks.before_tool_call(name, reg.owner, given, agent=agent, session=session)
+        if self.registry.get(Kind.TOOL, name) is not reg:
+            # The gates took time; the tool's plugin died or restarted meanwhile, and
+            # what was judged (its owner, its schema) may no longer be what would run.
+            raise ToolFailed(name, reg.owner, "transport", "its plugin restarted while the call's gates were asked; call it again")
         if changed is not given:
             await check_arguments_async(reg, changed)  # what a gate changed must still fit
         began = time.monotonic()

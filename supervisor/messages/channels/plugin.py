@@ -108,6 +108,7 @@ def inbound_services(bus: MessageBus, sandboxes: PluginSandboxes, plan: SandboxP
             text=body.text,
             reply_to=ReplyTarget(channel=channel, account_id=account, peer=peer, thread_id=body.thread_id),
             sender_id=body.sender_id,
+            by_plugin=True,
         )
         await bus.submit(msg)  # Busy: the plugin is told why and when to retry
         route = await msg.accepted
