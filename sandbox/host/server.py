@@ -32,7 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from clawsup.v1 import host_pb2 as pb
 from clawsup.v1 import host_pb2_grpc as pb_grpc
-from clawsup.sandbox.api import PluginApi, SupervisorRefused, Tool, ToolError
+from clawsup.sandbox.api import PluginApi, SupervisorRefused, ToolError
 from clawsup.sandbox.exec_result import ExecResult
 from clawsup.sandbox.handshake import (
     HOST_TOKEN_METADATA_KEY,
@@ -62,6 +62,12 @@ _streams = {1: 1, 2: 2}
 # Sync handlers run here. Threads, not processes: the sandbox is the isolation unit.
 HANDLER_THREADS = 8
 Kind = pb.ToolFailure.Kind
+
+
+class HandlerOverran(Exception):
+    """A sync handler did not finish within its call's timeout. Distinct from a
+    TimeoutError the handler raised itself (an upstream that timed out, common in a
+    channel's send), which is an ordinary error of the call (tests/test_handler_timeouts.py)."""
 
 
 async def _require_token(context: grpc.aio.ServicerContext, token: str) -> None:
@@ -165,12 +171,8 @@ class HostServicer(pb_grpc.HostServicer):
         timeout = request.timeout_ms / 1000 if request.timeout_ms else None
         what = f"{offer.kind} {offer.name!r}"
         try:
-            if offer.is_async:
-                # At the deadline gRPC cancels this task; the supervisor reports it.
-                value = await offer.handler(payload)
-            else:
-                value = await self._in_thread(what, offer.handler, payload, timeout, request.call_id)
-        except TimeoutError:
+            value = await self._run_handler(what, offer.handler, offer.is_async, payload, timeout, request.call_id)
+        except HandlerOverran:
             return pb.OfferAnswer(ok=False, error_kind="timed_out", error=f"{what} did not finish within {timeout:g} s")
         except Exception as e:
             say(f"{what} (call {request.call_id}) raised:\n{traceback.format_exc()}")
@@ -196,13 +198,8 @@ class HostServicer(pb_grpc.HostServicer):
             return args
         timeout = request.timeout_ms / 1000 if request.timeout_ms else None
         try:
-            if tool.is_async:
-                # No timer of our own: at the deadline gRPC cancels this task, and
-                # the supervisor reports the timeout.
-                value = await tool.handler(args)
-            else:
-                value = await self._run_sync(tool, args, timeout, request.call_id)
-        except TimeoutError:
+            value = await self._run_handler(f"tool {tool.name!r}", tool.handler, tool.is_async, args, timeout, request.call_id)
+        except HandlerOverran:
             return _failure(Kind.TIMED_OUT, f"tool {tool.name!r} did not finish within {timeout:g} s")
         except ToolError as e:
             return _failure(Kind.TOOL_ERROR, str(e))
@@ -237,14 +234,28 @@ class HostServicer(pb_grpc.HostServicer):
         outcome = await bridge.call(request.name, args, request.timeout_ms / 1000 if request.timeout_ms else None, request.call_id)
         return _mcp_response(outcome)
 
-    async def _run_sync(self, tool: Tool, args: dict[str, Any], timeout: float | None, call_id: str) -> Any:
-        return await self._in_thread(f"tool {tool.name!r}", tool.handler, args, timeout, call_id)
+    async def _run_handler(
+        self, what: str, handler: Callable[[dict[str, Any]], Any], is_async: bool, args: dict[str, Any], timeout: float | None, call_id: str
+    ) -> Any:
+        """One tool's or offer's handler, to its value or its own exception; a sync
+        one that outlives `timeout` is a HandlerOverran."""
+        if is_async:
+            # No timer of our own: at the deadline gRPC cancels this task, and the
+            # supervisor reports the timeout.
+            return await handler(args)
+        return await self._in_thread(what, handler, args, timeout, call_id)
 
     async def _in_thread(self, what: str, handler: Callable[[dict[str, Any]], Any], args: dict[str, Any], timeout: float | None, call_id: str) -> Any:
         fut = asyncio.get_running_loop().run_in_executor(self._pool, handler, args)
+        deadline = asyncio.timeout(timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with deadline:
                 return await asyncio.shield(fut)
+        except TimeoutError:
+            # Ours only when our deadline expired; otherwise the handler raised it.
+            if deadline.expired():
+                raise HandlerOverran(what) from None
+            raise
         finally:
             if not fut.done():
                 await self._mark_overrun(what, call_id, fut)

@@ -41,6 +41,9 @@ class Services:
         self._started: dict[str, Offer] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Set when `stop_all` takes its list: a service started after it would never
+        # be asked to stop.
+        self._stopping = False
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -57,7 +60,7 @@ class Services:
 
     def start(self, offer: Offer) -> str | None:
         """Start one service; why not, or None when it runs."""
-        if self._tg is None:
+        if self._tg is None or self._stopping:
             return "the host is stopping"
         if offer.name in self._started:
             return f"service {offer.name!r} is already running"
@@ -84,7 +87,9 @@ class Services:
 
     async def stop_all(self, deadline_s: float) -> None:
         """Each started service's `stop`, in parallel, within `deadline_s` in all; a
-        stop that raises or overruns is named in the log, and the host stops anyway."""
+        stop that raises or overruns is named in the log, and the host stops anyway.
+        No service starts once this has begun."""
+        self._stopping = True
         stops = [(name, o.stop) for name, o in self._started.items() if o.stop is not None]
         if not stops:
             return
