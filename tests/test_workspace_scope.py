@@ -171,7 +171,12 @@ def test_idle_stop_of_a_wedged_sandbox_kills_it_and_the_gateway_serves_on(gatewa
         assert first == {"output": "up\n"}, first
         sid = session_sandbox("stuck")
         old = psutil.Process(gw.status(sid)["pid"])
-        tree = [old, *old.children(recursive=True)]
+        # "up" is written before the shell execs sleep: wait (bounded) for the exec.
+        deadline = time.monotonic() + 10
+        while True:
+            tree = [old, *old.children(recursive=True)]
+            if any(p.name() == "sleep" for p in tree) or time.monotonic() > deadline:
+                break
         [host] = [p for p in tree if "clawsup.sandbox.host" in " ".join(p.cmdline()) and p.name() != "bwrap"]
         assert any(p.name() == "sleep" for p in tree), [p.cmdline() for p in tree]
         os.kill(host.pid, signal.SIGSTOP)
