@@ -166,10 +166,22 @@ def preempted():
 
 
 def scheduling_many():
-    # Cheap, but for debug mode's recording where each handle was created.
+    # Cheap, but for debug mode's recording where each handle and future was created
+    # (format_helpers' and traceback's extract_stack), until 0.1 s of CPU has gone,
+    # whatever this machine's speed: without that recording set apart, this would
+    # hold the loop. The watch tells the recording's share from its samples. Handles
+    # alone (5000 of them, 130 to 230 ms of CPU under load) were sampled wherever the
+    # GIL's switch interval fell, a tenth of the time in call_soon's own checks,
+    # which take 3% of it; from 20 samples or fewer that noise once made 62 ms of
+    # "computing". A future's recording reads the source lines, after which every
+    # recording checks their files (a stat, the GIL let go): the samples land there,
+    # as in a gateway, whose loop makes futures all the time.
     loop = asyncio.get_running_loop()
-    for _ in range(5000):
-        loop.call_soon(int)
+    end = time.thread_time() + 0.1
+    while time.thread_time() < end:
+        for _ in range(20):
+            loop.call_soon(int)
+            loop.create_future()
 
 
 def waiting_for_the_gil():
