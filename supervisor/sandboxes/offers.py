@@ -23,10 +23,9 @@ if TYPE_CHECKING:
     from clawsup.supervisor.sandboxes.plans import SandboxPlan
 
 MAX_DESCRIBED_OFFERS = 1024
-MAX_DESCRIPTION_CHARS = 1024
 MAX_NAMED_REFUSALS = 16
+MAX_DESCRIPTION_CHARS = 1024
 CONTRACT_KEYS: Mapping[str, str] = {"hook": "hooks", "command": "commands", "service": "services", "channel": "channels", "http_route": "httpRoutes"}
-KINDS: Mapping[str, Kind] = {"hook": Kind.HOOK, "command": Kind.COMMAND, "service": Kind.SERVICE, "channel": Kind.CHANNEL, "http_route": Kind.HTTP_ROUTE}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +87,7 @@ class OfferAcceptance:
             if why is None:
                 # Kept as shown (`/help`, `plugins show`): bounded, whatever the host sent.
                 kept = replace(spec, description=spec.description[:MAX_DESCRIPTION_CHARS], priority=max(-1000, min(1000, spec.priority)))
-                reg = Registration(kind=KINDS[spec.kind], name=spec.name, owner=self._plan.plugin_id, sandbox_id=self._plan.sandbox_id, description=kept.description, offer=kept)
+                reg = Registration(kind=Kind(spec.kind), name=spec.name, owner=self._plan.plugin_id, sandbox_id=self._plan.sandbox_id, description=kept.description, offer=kept)
                 try:
                     accepted.append(self._registry.register(reg))
                     continue
@@ -111,7 +110,7 @@ class OfferAcceptance:
         return accepted
 
     def _refusal(self, spec: OfferSpec) -> str | None:
-        if spec.kind not in KINDS:
+        if spec.kind not in offers.OFFER_KINDS:
             return f"{spec.kind[:32]!r} is not a kind of offer"
         key = CONTRACT_KEYS[spec.kind]
         if spec.name not in self._grant.declares(spec.kind):
