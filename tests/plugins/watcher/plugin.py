@@ -4,7 +4,7 @@ Every hook's event is kept in memory, where the `watcher_seen` tool shows it, an
 appended as a JSON line to `events.jsonl` in the plugin's workspace (its cwd, which
 the test reads from the host, also after the gateway stopped).
 
-- `gateway_stop` writes `gateway_stop` (the event and this child's pid) before it
+- `gateway_stop` writes `gateway_stop` (the event, this child's pid and the time) before it
   answers; with the plugin config `hangStop` it then never answers.
 - `before_agent_start` never answers a prompt that says "hang-start" and raises on
   one that says "raise-start"; `message_sending` never answers a reply that says
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -45,7 +46,9 @@ def clawsup_register(api) -> None:
 
     async def gateway_stop(event: dict) -> None:
         keep("gateway_stop", event)
-        (here / "gateway_stop").write_text(json.dumps({"event": event, "pid": os.getpid()}))
+        # Wall time, so the test can order it against the supervisor's log; the
+        # log line below reaches that log through a pipe, later.
+        (here / "gateway_stop").write_text(json.dumps({"event": event, "pid": os.getpid(), "at": time.time()}))
         api.log("watcher: heard gateway_stop")
         if api.config.get("hangStop"):
             await asyncio.sleep(HANG_S)
