@@ -8,6 +8,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from clawsup.supervisor.sandboxes.child_output import ChildOutput
 from clawsup.supervisor.sandboxes.log import LINE_COST, LineSplitter, SandboxLog, Skipped, read_tail, tail_lines
@@ -240,3 +241,55 @@ async def test_closing_a_log_ends_its_followers_after_what_they_had(tmp_path: Pa
     first = await asyncio.wait_for(follower.take(1 << 20), 1)
     assert len(first) == 1 and isinstance(first[0], str) and "last words" in first[0]
     assert await asyncio.wait_for(follower.take(1 << 20), 1) == []
+
+
+async def test_a_burst_of_short_lines_is_made_a_slice_at_a_time(tmp_path: Path) -> None:
+    """A real child writes 20,000 short lines at once (more than the pipe holds).
+    A 64 KiB read of them is some 12,000 lines; made in one callback, a read of empty
+    lines held the loop for half a second. Each turn of the loop makes at most
+    LINES_PER_WAKE of them, other callbacks run between the slices, and every line
+    reaches the log, in order."""
+    from clawsup.supervisor.sandboxes.child_output import LINES_PER_WAKE
+
+    loop = asyncio.get_running_loop()
+    turn = 0
+    per_turn: dict[int, int] = {}
+    written: list[str] = []
+    n = 20_000
+    all_in = asyncio.Event()
+
+    class CountingLog(SandboxLog):
+        def write(self, stream: Any, text: str, *, cut: bool = False, at: str | None = None) -> None:
+            if stream == "stderr":
+                per_turn[turn] = per_turn.get(turn, 0) + 1
+                written.append(text)
+                if len(written) == n:
+                    all_in.set()
+            super().write(stream, text, cut=cut, at=at)
+
+    def tick() -> None:
+        nonlocal turn
+        turn += 1
+        if not all_in.is_set():
+            loop.call_soon(tick)
+
+    log = CountingLog(tmp_path / "p.log", budget_bytes_per_s=10**9)
+    code = f"import os\nos.write(2, ''.join(f'{{i}}\\n' for i in range({n})).encode())"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    for f in (child.stdout, child.stderr):
+        os.set_blocking(f.fileno(), False)
+    output = ChildOutput(child.stdout.fileno(), child.stderr.fileno(), log)
+    tick()
+    output.start()
+    try:
+        await asyncio.wait_for(all_in.wait(), 30)
+    finally:
+        await asyncio.to_thread(child.wait)
+        output.close()
+        child.stdout.close()
+        child.stderr.close()
+        log.close()
+    assert written == [str(i) for i in range(n)]
+    assert max(per_turn.values()) <= LINES_PER_WAKE, max(per_turn.values())
+    assert len(per_turn) >= n // LINES_PER_WAKE

@@ -75,6 +75,10 @@ class LineSplitter:
             else:
                 return
 
+    def has_line(self) -> bool:
+        """Whether `feed(b"")` would make a line now."""
+        return self._buf.find(b"\n", 0, self._max + 1) >= 0 or len(self._buf) >= self._max
+
     def skip(self, data: bytes, keep_last: int = 0) -> tuple[int, list[str]]:
         """Consume `data` as `feed` would, without making its lines: (how many lines
         it ended, the last `keep_last` of them). For a flood past the budget."""
@@ -186,10 +190,11 @@ class SandboxLog:
         self._stderr_tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._followers: set[Follower] = set()
 
-    def write(self, stream: Stream, text: str, *, cut: bool = False) -> None:
+    def write(self, stream: Stream, text: str, *, cut: bool = False, at: str | None = None) -> None:
         """Append one line. `stream` is stdout, stderr or clawsup (our own events,
         which are never dropped). `text` is escaped here, whoever wrote it: our own
-        events quote the child too (tool names, refusal reasons)."""
+        events quote the child too (tool names, refusal reasons). `at` is the
+        line's `timestamp()`, when the caller stamps many lines at once."""
         if stream == "stderr":
             self._stderr_tail.append(text)
         # Lines past the budget are dropped before they are escaped: in a flood that
@@ -200,7 +205,7 @@ class SandboxLog:
         shown = printable(text)
         if stream != "clawsup":
             self._window_bytes += len(shown) - len(text)
-        self._emit(f"{timestamp()} [{stream}] {shown}{' ⏎…' if cut else ''}\n")
+        self._emit(f"{at or timestamp()} [{stream}] {shown}{' ⏎…' if cut else ''}\n")
 
     @property
     def stderr_tail(self) -> list[str]:
