@@ -1,0 +1,1 @@
+"""Automation: cron jobs and the heartbeat. schedule.py is the arithmetic of when a job is due (pure); the other modules (the job store, the scheduler, the runs, the cron tool, the heartbeat) are written by others."""
