@@ -4,6 +4,7 @@ and writes the numbers as JSON to --out.
 
     python scripts/bench.py [--out bench.json] [--calls 2000] [--starts 30] [--crashes 50]
     python scripts/bench.py --only g|h|i|m|n|ab|mcp|p|q   (one figure)
+    python scripts/bench.py --only cron   (issue 17's figures (r) and (s): scripts/bench_cron.py)
 
 Figures (see issue 2):
   (a) warm tool call, supervisor -> plugin -> supervisor, through ToolDispatcher.invoke
@@ -1307,7 +1308,7 @@ async def main() -> None:
     ap.add_argument("--execs", type=int, default=500)
     ap.add_argument("--messages", type=int, default=2000, help="per (g) run, spread over the sessions (at least 2 per session)")
     ap.add_argument("--g-sessions", default=",".join(map(str, G_SESSIONS)), help="the counts of sessions (g) runs over")
-    ap.add_argument("--only", choices=["g", "h", "i", "m", "n", "ab", "mcp", "p", "q"], help="run only this figure (ab: (a) and (b) on process and bwrap; mcp: (o))")
+    ap.add_argument("--only", choices=["g", "h", "i", "m", "n", "ab", "mcp", "p", "q", "cron"], help="run only this figure (ab: (a) and (b) on process and bwrap; mcp: (o))")
     ap.add_argument("--channel-messages", type=int, default=500, help="(q): messages each way (plugin channel, http channel), per backend")
     ap.add_argument("--gate-calls", type=int, default=2000, help="(p): warm calls each way (with the gate, without, the gate alone, bare gRPC), per backend")
     ap.add_argument("--mcp-starts", type=int, default=20, help="(o): cold starts each way")
@@ -1319,6 +1320,13 @@ async def main() -> None:
     a = ap.parse_args()
     logger.remove()
 
+    if a.only == "cron":
+        # Its own script: this one is long enough.
+        sys.argv = [sys.argv[0], *(["--out", str(a.out)] if a.out else [])]
+        import bench_cron
+
+        bench_cron.main()
+        return
     if a.only == "g":
         results = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}, "g_messages": await bench_messages(a.messages, tuple(int(x) for x in a.g_sessions.split(",")))}
         Path(a.out).write_text(json.dumps(results, indent=2))

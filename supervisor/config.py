@@ -405,8 +405,9 @@ class ToolsConfig(_OpenClaw):
     by_provider: dict[str, dict[str, Any]] = Field(default_factory=dict)
     by_channel: dict[str, dict[str, Any]] = Field(default_factory=dict)
     by_sender: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    owner_only: list[str] = Field(default_factory=list)
-    """Tools only an owner may see and call."""
+    owner_only: list[str] = Field(default_factory=lambda: ["group:automation"])
+    """Tools only an owner may see and call. By default the automation tools (`cron`):
+    a list given here replaces that default."""
     sandbox: dict[str, Any] = Field(default_factory=dict)
     """`sandbox.tools.allow/deny`: the policy's sandbox layer."""
     subagents: dict[str, Any] = Field(default_factory=dict)
@@ -703,6 +704,52 @@ class AgentLoopConfig(_Model):
     loop_detection: LoopDetectionConfig = Field(default_factory=LoopDetectionConfig)
 
 
+class CronConfig(_Model):
+    """Scheduled agent turns (supervisor/automation/)."""
+
+    enabled: bool = True
+    max_concurrent_runs: int = Field(default=4, ge=1, le=1000)
+    """Runs going at once across all jobs; a due run past it waits for a slot."""
+    default_timeout_seconds: RunSeconds = 600.0
+    """A run's limit when its job gives none."""
+    max_jobs: int = Field(default=10_000, ge=1, le=1_000_000)
+    runs_kept: int = Field(default=100, ge=1, le=10_000)
+    """Run records kept per job (older ones go when the record file is compacted)."""
+
+
+class HeartbeatConfig(_Model):
+    """A periodic turn that reads `HEARTBEAT.md` in the agent's workspace and acts
+    only when its "Active tasks" section lists something (supervisor/automation/heartbeat.py)."""
+
+    enabled: bool = False
+    every: str = "30m"
+    agent: str = "main"
+    session: str | None = None
+    """The session its turns run in; default: one of its own, `agent:<agent>:heartbeat`."""
+    channel: str | None = None
+    """Where a beat that has something to tell says it (with `peer`); without, it is
+    only recorded."""
+    peer: str | None = None
+    timeout_seconds: RunSeconds = 300.0
+
+    @model_validator(mode="after")
+    def _checked(self) -> HeartbeatConfig:
+        from clawsup.supervisor.automation.schedule import ScheduleError, parse_duration
+
+        try:
+            parse_duration(self.every, "every")
+        except ScheduleError as e:
+            raise ValueError(str(e)) from None
+        if (self.channel is None) != (self.peer is None):
+            raise ValueError("channel and peer: give both, or neither (the beat is then only recorded)")
+        return self
+
+
+class AutomationConfig(_Model):
+    cron: CronConfig = Field(default_factory=CronConfig)
+    heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+
+
 class ClawsupConfig(_Model):
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
@@ -715,6 +762,7 @@ class ClawsupConfig(_Model):
     bus: BusConfig = Field(default_factory=BusConfig)
     providers: ProvidersConfig = Field(default_factory=ProvidersConfig)
     agent_loop: AgentLoopConfig = Field(default_factory=AgentLoopConfig)
+    automation: AutomationConfig = Field(default_factory=AutomationConfig)
     mcp_servers: dict[Annotated[str, Field(pattern=MCP_SERVER_ID)], McpServerEntry] = Field(default_factory=dict)
     """MCP servers, each in a sandbox of its own (`mcp-<id>`), in the shape Claude
     Desktop, Cursor and Nanobot use."""

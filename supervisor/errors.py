@@ -19,6 +19,7 @@ ErrorCode = Literal[
     "offer_failed", "blocked_by_hook",  # supervisor/sandboxes/offers.py, supervisor/hooks
     "busy", "session_busy", "gateway_busy",  # supervisor/messages/bus.py
     "spawn_refused",  # supervisor/agents/spawn_tools.py
+    "cron",  # supervisor/automation
     "provider_error",  # supervisor/agents/providers
     "already_running",  # supervisor/control/gateway.py
     "unsafe_state_path",  # supervisor/paths.py

@@ -73,7 +73,7 @@ def test_status_marks_a_failed_sandbox_so_it_cannot_be_missed(gateway_factory) -
 def test_tools_list_json(gateway_factory) -> None:
     gw = gateway_factory()
     tools = json.loads(gw.cli("tools", "list", "--json").stdout)["tools"]
-    core = {name: "core" for name in ("exec", "read", "write", "edit", "list_dir", "sessions_spawn", "subagents")}
+    core = {name: "core" for name in ("exec", "read", "write", "edit", "list_dir", "sessions_spawn", "subagents", "cron")}
     assert {t["name"]: t["owner"] for t in tools} == {"calc": "basics", "echo": "basics", "now": "basics", **core}
     assert all(t["description"] for t in tools)
 
@@ -90,7 +90,7 @@ def test_tools_call_success_and_failure(gateway_factory) -> None:
     assert bad.returncode == 1 and "tool 'calc' (plugin 'basics') failed" in bad.stderr
     badjs = gw.cli("tools", "call", "nope", "--json")
     assert badjs.returncode == 1
-    assert json.loads(badjs.stdout) == {"ok": False, "error": "no tool named 'nope' is registered; available tools: calc, echo, edit, exec, list_dir, now, read, sessions_spawn, subagents, write"}
+    assert json.loads(badjs.stdout) == {"ok": False, "error": "no tool named 'nope' is registered; available tools: calc, cron, echo, edit, exec, list_dir, now, read, sessions_spawn, subagents, write"}
     usage = gw.cli("tools", "call", "echo", "--args", "{not json")
     assert usage.returncode == 2 and "--args is not valid JSON" in usage.stderr
 
@@ -185,7 +185,7 @@ def test_plugin_flag_loads_a_folder(gateway_factory) -> None:
 def test_start_without_config_runs_the_bundled_default(gateway_factory) -> None:
     """The README's first command: no --config, no API key, no network."""
     gw = gateway_factory(None, env={"ANTHROPIC_API_KEY": "", "OPENAI_API_KEY": ""})
-    assert set(gw.tools()) == {"calc", "echo", "now", "exec", "read", "write", "edit", "list_dir", "sessions_spawn", "subagents"}
+    assert set(gw.tools()) == {"calc", "echo", "now", "exec", "read", "write", "edit", "list_dir", "sessions_spawn", "subagents", "cron"}
     r = gw.cli("tools", "call", "echo", "--args", '{"text": "hello"}')
     assert r.returncode == 0 and r.stdout.strip() == "hello"
     # The default agent's workspace sandbox starts with the gateway.

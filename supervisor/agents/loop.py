@@ -39,6 +39,7 @@ from clawsup.supervisor.agents.models import Models
 from clawsup.supervisor.agents.providers import Provider, ProviderError, TurnContext, Usage, tool_specs
 from clawsup.supervisor.agents.runs import Origin
 from clawsup.supervisor.agents.spawn_tools import SPAWN_TOOLS, SpawnTools
+from clawsup.supervisor.automation.cron_tool import CRON_TOOL, CronTool
 from clawsup.supervisor.agents.tool_dispatch import ToolDispatch
 from clawsup.supervisor.agents.tool_policy import Caller, Decision, decide
 from clawsup.supervisor.config import ClawsupConfig
@@ -106,6 +107,9 @@ class AgentLoop:
         self._owners = Owners.from_config(cfg)
         self._policy = cfg.tools.policy()
         """The policy keys, once: the config is immutable and each model call asks."""
+        self.cron: CronTool | None = None
+        """The `cron` tool's server (supervisor/automation/cron_tool.py), once the
+        scheduler is built; without it the tool is not registered."""
         self._histories: OrderedDict[str, History] = OrderedDict()
         """Session key -> its history, least recently used first (ACTIVE_SESSIONS)."""
 
@@ -117,7 +121,9 @@ class AgentLoop:
         return Caller(
             agent=route.agent_id,
             provider=self._models.model_of(route.agent_id),
-            channel=message.reply_to.channel,
+            # Where the message came from: a channel's messages are answered there,
+            # a cron run's come from `cron` and are answered where its job says.
+            channel=src.channel,
             group_id=src.peer.id if src.peer.kind != "direct" else None,
             sender=src.peer.id if src.peer.kind == "direct" else None,
             owner=self._owners.is_owner(message),
@@ -157,6 +163,8 @@ class AgentLoop:
         if self._hooks is not None and self._hooks.declared("before_agent_start"):
             # For this turn only: never stored, so the session file stays what was said.
             context = await self._hooks.before_agent_start(message.text, agent=route.agent_id, session=route.session_key, channel=message.reply_to.channel)
+        if message.context:
+            context = f"{message.context}\n\n{context}" if context else message.context
         turn = _Turn(self, route, message, progress, history, provider, tools=self._tools, spawn=self._spawn, context=context)
         history.add(UserMessage(message.text))
         out = await agent_loop.run(history.window(), turn, turn, max_iterations=limits.max_iterations)
@@ -302,6 +310,9 @@ class _Turn:
             return f"tool {name!r} is not available in this turn ({why})", True
         await self._progress(f"calling {name}…")
         try:
+            if name == CRON_TOOL and self._loop.cron is not None:
+                caller = self._loop.caller_of(route, self._message)
+                return await self._loop.cron.call(call.args, agent=route.agent_id, owner=caller.owner, session=route.session_key), False
             if name in SPAWN_TOOLS:
                 origin = Origin(
                     session_key=route.session_key,

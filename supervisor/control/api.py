@@ -36,6 +36,8 @@ from clawsup.supervisor.tools.dispatch import ToolDispatcher
 from clawsup.supervisor.messages.routing import Route
 from clawsup.supervisor.sandboxes.log import Follower, read_tail, tail_lines
 from clawsup.supervisor.agents.subagents import Subagents
+from clawsup.supervisor.automation.jobs import JobSpec
+from clawsup.supervisor.automation.scheduler import Scheduler
 
 MAX_REQUEST = 1024 * 1024
 DISCARDED = "the sandbox was discarded; its log ends here"
@@ -123,6 +125,20 @@ class WatchReq(_Req):
     thread: str | None = None
 
 
+class CronReq(_Req):
+    """The cron jobs (supervisor/automation/scheduler.py): `list`, `add` (`job`),
+    `rm`, `enable`, `disable`, `run` (now), `runs` (the last `n`), and `wait` until
+    job `id` has `count` ended runs (for scripts and tests)."""
+
+    op: Literal["cron"]
+    action: Literal["list", "add", "rm", "enable", "disable", "run", "runs", "wait"]
+    id: str | None = Field(default=None, min_length=1, max_length=64)
+    job: JobSpec | None = None
+    n: int = Field(default=20, ge=1, le=10_000)
+    count: int = Field(default=1, ge=1, le=10_000)
+    timeout: float = Field(default=30.0, gt=0, le=3600)
+
+
 class StopReq(_Req):
     op: Literal["stop"]
 
@@ -138,7 +154,10 @@ class ChatReq(_Req):
     thread: str | None = None
 
 
-Request = Annotated[StatusReq | StatsReq | ToolsReq | PluginsReq | McpReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq, Field(discriminator="op")]
+Request = Annotated[
+    StatusReq | StatsReq | ToolsReq | PluginsReq | McpReq | CallReq | LogsReq | RestartReq | WaitReq | WaitRunReq | StopReq | ChatReq | WatchReq | CronReq,
+    Field(discriminator="op"),
+]
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 
 
@@ -173,8 +192,10 @@ class ControlServer:
         on_stop: Callable[[], None],
         chat: CliChannel | None = None,
         subagents: Subagents | None = None,
+        cron: Scheduler | None = None,
     ) -> None:
         self._chat = chat
+        self._cron = cron
         self._subagents = subagents
         self._path = path
         self._manager = manager
@@ -241,6 +262,33 @@ class ControlServer:
             self._writers.discard(writer)
             self._handlers.discard(task)
             writer.close()
+
+    async def _cron_op(self, req: CronReq) -> Any:
+        cron = self._cron
+        if cron is None:
+            raise ClawsupError("cron is not running here (automation.cron.enabled is false)")
+        # The jobs are loaded (and re-armed) once the sandboxes and channels serve.
+        async with asyncio.timeout(req.timeout if req.action == "wait" else 60):
+            await cron.loaded.wait()
+        if req.action == "list":
+            return {"jobs": cron.jobs_json()}
+        if req.action == "add":
+            if req.job is None:
+                raise ClawsupError("job: required to add a job")
+            return {"job": (await cron.add(req.job, agent=None, owner=True, created_by="operator")).to_json()}
+        if req.id is None:
+            raise ClawsupError(f"id: required to {req.action} a job")
+        match req.action:
+            case "rm":
+                return {"removed": (await cron.remove(req.id)).id}
+            case "enable" | "disable":
+                return {"job": (await cron.set_enabled(req.id, req.action == "enable")).to_json()}
+            case "run":
+                return {"run": cron.run_now(req.id).to_json()}
+            case "runs":
+                return {"runs": [r.to_json() for r in cron.runs(req.id, req.n)]}
+            case _:
+                return {"runs": [r.to_json() for r in await cron.wait_runs(req.id, req.count, req.timeout)]}
 
     async def _dispatch(self, req: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         m = self._manager
@@ -332,6 +380,8 @@ class ControlServer:
 
                     await _send(writer, {"ok": True, "data": {}})
                     await _until_hangup(reader, forward())
+            case CronReq():
+                await _send(writer, {"ok": True, "data": await self._cron_op(req)})
             case StopReq():
                 await _send(writer, {"ok": True, "data": {"stopping": True}})
                 self._on_stop()

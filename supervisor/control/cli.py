@@ -22,6 +22,13 @@ from rich.table import Table
 from rich.tree import Tree
 
 from clawsup.supervisor.control.api import ControlClient, SupervisorNotRunning
+from clawsup.supervisor.control.cli_common import JsonFlag, StateDir, err, out
+from clawsup.supervisor.control.cli_common import call as _call
+from clawsup.supervisor.control.cli_common import client as _client
+from clawsup.supervisor.control.cli_common import data_or_fail as _data_or_fail
+from clawsup.supervisor.control.cli_common import fail as _fail
+from clawsup.supervisor.control.cli_common import paths_of as _paths
+from clawsup.supervisor.control.cron_cli import cron_app
 from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.sandboxes.lifecycle import SandboxState, Transition
 from clawsup.supervisor.paths import StatePaths, resolve_state_dir
@@ -45,11 +52,7 @@ route_app = typer.Typer(help="Which agent and session a message would get.", no_
 app.add_typer(route_app, name="route")
 exec_app = typer.Typer(help="Screen or run a shell command the way the exec tool does.", no_args_is_help=True)
 app.add_typer(exec_app, name="exec")
-out = Console()
-err = Console(stderr=True)
-
-StateDir = Annotated[Optional[Path], typer.Option("--state-dir", help="State directory (default: $CLAWSUP_HOME, else ~/.local/state/clawsup).")]
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+app.add_typer(cron_app, name="cron")
 
 RUN_STYLE = {"running": "yellow", "succeeded": "green", "failed": "red", "timed_out": "red", "cancelled": "dim"}
 STATE_STYLE = {"ready": "green", "starting": "yellow", "draining": "yellow", "backoff": "magenta", "crashed": "red", "failed": "bold red", "stopped": "dim"}
@@ -73,33 +76,6 @@ def _options(
 ) -> None:
     # No docstring: the app's help stays the one given to typer.Typer above.
     pass
-
-
-def _paths(state_dir: Path | None) -> StatePaths:
-    return StatePaths(resolve_state_dir(state_dir))
-
-
-def _client(state_dir: Path | None, timeout: float = 60.0) -> ControlClient:
-    return ControlClient(_paths(state_dir).control_socket, timeout=timeout)
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    # Errors quote children (a tool's error, a stderr tail): no markup, no escapes.
-    err.print(f"[red]error:[/red] {escape(printable_lines(message))}", highlight=False)
-    raise typer.Exit(code)
-
-
-def _call(state_dir: Path | None, req: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    try:
-        return _client(state_dir, timeout).request(req)
-    except SupervisorNotRunning as e:
-        _fail(str(e), 3)
-
-
-def _data_or_fail(resp: dict[str, Any]) -> Any:
-    if not resp.get("ok"):
-        _fail(resp.get("error", {}).get("message", "unknown error"))
-    return resp["data"]
 
 
 @app.command()

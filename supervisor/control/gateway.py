@@ -51,6 +51,8 @@ from clawsup.supervisor.agents.run_journal import RunJournal
 from clawsup.supervisor.agents.models import Models
 from clawsup.supervisor.agents.spawn_tools import SPAWN_TOOLS, register_spawn_tools
 from clawsup.supervisor.agents.subagents import build_subagents, run_backends
+from clawsup.supervisor.automation.assembly import build_cron
+from clawsup.supervisor.automation.cron_tool import CRON_TOOL, register_cron_tool
 from clawsup.supervisor.sandboxes.incarnation import Timing
 from clawsup.supervisor.tools.core import CORE_TOOLS, register_core_tools
 from clawsup.supervisor.tools.dispatch import ToolDispatcher
@@ -145,10 +147,12 @@ async def _stop_idle_workspaces(workspaces: Workspaces, run: asyncio.Task[None])
     await workspaces.discard_idle()
 
 
-def _core_registry() -> Registry:
-    registry = Registry(reserved=frozenset({*CORE_TOOLS, *SPAWN_TOOLS}))
+def _core_registry(cron: bool) -> Registry:
+    registry = Registry(reserved=frozenset({*CORE_TOOLS, *SPAWN_TOOLS, CRON_TOOL}))
     register_core_tools(registry)
     register_spawn_tools(registry)
+    if cron:
+        register_cron_tool(registry)
     return registry
 
 
@@ -232,7 +236,7 @@ async def run_gateway(opts: GatewayOptions) -> int:
         launchers: dict[str, Launcher] = {
             name: await asyncio.to_thread(make_launcher, name, cgroups=cgroups, state_dir=paths.root, warden=warden) for name in sorted(needed)
         }
-        registry = await asyncio.to_thread(_core_registry)  # compiles the core tools' schemas
+        registry = await asyncio.to_thread(_core_registry, cfg.automation.cron.enabled)  # compiles the core tools' schemas
         manager = SandboxManager(
             registry=registry,
             launchers=launchers,
@@ -291,7 +295,12 @@ async def run_gateway(opts: GatewayOptions) -> int:
         )
         agent_loop = AgentLoop(cfg, models=models, tools=tools, spawn=subagents, store=store, hooks=hooks)
         messaging = Messaging(cfg, bus=bus, store=store, channels=channels, agent=agent_loop, commands=Commands(manager, Owners.from_config(cfg)), hooks=hooks)
-        control = ControlServer(paths.control_socket, manager, tools, stop_asked.set, chat=messaging.cli, subagents=subagents)
+        automation = build_cron(
+            cfg, paths, messaging=messaging, stop_session=agent_loop.stop_session, workspace_sandbox=workspaces.sandbox_id, source=str(cfg_path)
+        )
+        cron = automation[0] if automation is not None else None
+        agent_loop.cron = automation[1] if automation is not None else None
+        control = ControlServer(paths.control_socket, manager, tools, stop_asked.set, chat=messaging.cli, subagents=subagents, cron=cron)
         await control.start()
         servers = sum(p.role == "mcp" for p in plans)
         logger.info("clawsup supervisor pid {} on {} ({} plugin(s), {} MCP server(s))", os.getpid(), paths.root, len(plans) - servers, servers)
@@ -311,6 +320,10 @@ async def run_gateway(opts: GatewayOptions) -> int:
                 tg.create_task(subagents.run(stop), name="subagent runs")
                 await ready.wait()
                 await channels_up.wait()
+                if cron is not None:
+                    # Armed once the sandboxes and channels serve: a run missed while
+                    # the gateway was down goes now, and finds its tools there.
+                    tg.create_task(cron.run(stop), name="cron")
                 hooks.observe("gateway_start", {"pid": os.getpid(), "plugins": sorted(p.plugin_id for p in plans if p.role == "plugin")})
                 if opts.on_ready is not None:
                     await opts.on_ready(manager, tools)

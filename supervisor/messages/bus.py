@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from clawsup.supervisor.errors import ClawsupError, ErrorCode
 from clawsup.supervisor.messages.routing import Peer, Route, RouteInput
@@ -96,9 +96,34 @@ class InboundMessage:
     failed if it was refused."""
     held: bool = False
     """Counted against the gateway's bound (it came through `submit`) until released."""
+    owner: bool | None = None
+    """Set by the gateway for its own messages: whether the turn speaks for an owner
+    (a cron job's run: whether its creator was one). None: the channel's word."""
+    context: str = ""
+    """Set by the gateway for its own messages: instructions for this turn's system
+    prompt, never stored in the session (the heartbeat's)."""
+    outcome: asyncio.Future[TurnOutcome] | None = None
+    """Set by whoever waits for the turn itself (a cron run): the lanes resolve it
+    when the turn ends and send nothing; the waiter delivers the reply."""
 
     def is_stop(self) -> bool:
         return self.role == "user" and self.text.strip() == STOP_COMMAND
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnOutcome:
+    """How a turn ended, for a message with an `outcome` future."""
+
+    text: str
+    """The answer as the `message_sending` hooks left it ("" when stopped or withheld)."""
+    record: dict[str, Any]
+    """What the session kept beside the answer (`turnUsage`, ...)."""
+    stopped: str = ""
+    """Why the turn was stopped before it answered; "" if it answered."""
+    withheld: bool = False
+    """A `message_sending` hook cancelled the answer: there is nothing to deliver."""
+    failed: bool = False
+    """The turn failed (the text says how)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +137,19 @@ class OutboundMessage:
     """A note while the turn runs ("working…"), not the answer."""
     final: bool = True
     """The last message for `in_reply_to`."""
+    delivered: asyncio.Future[str] | None = field(default=None, compare=False)
+    """For a sender that must know (a cron job's reply): resolved with what became
+    of the message ("delivered to 1 client"), or failed with why it was not."""
+
+    def settle(self, what: str | BaseException) -> None:
+        """Say what became of this message, once; a no-op without a `delivered`."""
+        fut = self.delivered
+        if fut is None or fut.done():
+            return
+        if isinstance(what, BaseException):
+            fut.set_exception(what)
+        else:
+            fut.set_result(what)
 
 
 class MessageBus:

@@ -45,7 +45,7 @@ from typing import Any, Literal, Protocol
 
 from loguru import logger
 
-from clawsup.supervisor.messages.bus import STOP_COMMAND, InboundMessage, MessageBus, OutboundMessage, SessionBusy
+from clawsup.supervisor.messages.bus import STOP_COMMAND, InboundMessage, MessageBus, OutboundMessage, SessionBusy, TurnOutcome
 from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.agents.providers.offline import sleep_turn
 from clawsup.supervisor.config import PeerKind
@@ -149,6 +149,8 @@ class _Lane:
     after that opens a new lane rather than land in a queue nobody reads."""
     turn: asyncio.Task[str | Answer] | None = None
     turn_of: InboundMessage | None = None
+    stop_reason: str = ""
+    """Why the turn in flight was cancelled, if not by /stop (`cancel_turn`)."""
 
 
 class SessionLanes:
@@ -333,9 +335,13 @@ class SessionLanes:
         its answer, through `message_sending`, kept and sent."""
 
         async def progress(text: str) -> None:
-            await self._send(msg, route, text, progress=True, final=False)
+            if msg.outcome is None:  # whoever waits for the outcome delivers, not us
+                await self._send(msg, route, text, progress=True, final=False)
 
+        if msg.outcome is not None and msg.outcome.done():
+            return  # its waiter gave up on it (a cron run's timeout) before its turn came
         t0 = time.monotonic()
+        failed = False
         lane.turn = asyncio.ensure_future(self._command(command, msg, route) if command is not None else self.agent.turn(route, msg, progress))
         lane.turn_of = msg
         try:
@@ -349,11 +355,17 @@ class SessionLanes:
         except Exception as e:
             logger.exception("{}: turn failed", route.session_key)
             reply = f"error: the turn failed: {e}"
+            failed = True
         finally:
             lane.turn = lane.turn_of = None
+            stop_reason, lane.stop_reason = lane.stop_reason, ""
         if reply is None:
             what = f"command /{command.name}" if command is not None else "turn"
-            await self._keep(route, {"role": "system", "text": f"{what} stopped by /stop", "inReplyTo": msg.id, "ts": time.time()})
+            why = stop_reason or "by /stop"
+            await self._keep(route, {"role": "system", "text": f"{what} stopped {why}", "inReplyTo": msg.id, "ts": time.time()})
+            if msg.outcome is not None:
+                _settle(msg, TurnOutcome(text="", record={}, stopped=why))
+                return
             await self._send(msg, route, "stopped.", final=True)
             return
         answer = reply if isinstance(reply, Answer) else Answer(reply)
@@ -372,7 +384,21 @@ class SessionLanes:
         elif sent != answer.text:
             record["sent"] = sent
         await self._keep(route, record)
+        if msg.outcome is not None:
+            _settle(msg, TurnOutcome(text=sent or "", record=answer.record, withheld=sent is None, failed=failed))
+            return
         await self._send(msg, route, WITHHELD if sent is None else sent, final=True)
+
+    def cancel_turn(self, message_id: str, reason: str) -> bool:
+        """Cancel the turn of message `message_id` if it is in flight (as `/stop`
+        does, with `reason` in the session: "because its cron run timed out").
+        Whether it was."""
+        for lane in self._lanes.values():
+            if lane.turn_of is not None and lane.turn_of.id == message_id and lane.turn is not None and not lane.turn.done():
+                lane.stop_reason = reason
+                lane.turn.cancel()
+                return True
+        return False
 
     async def _command(self, command: Invocation, msg: InboundMessage, route: Route) -> Answer:
         assert self.commands is not None, "only a lane with commands parses one"
@@ -447,11 +473,13 @@ class SessionLanes:
             channel = self.channels.get(out.target.channel)
             if channel is None:
                 logger.warning("reply for channel {!r}, which is not running; dropped", out.target.channel)
+                out.settle(ClawsupError(f"channel {out.target.channel!r} is not running"))
                 continue
             try:
                 await channel.send(out)
-            except Exception:
+            except Exception as e:
                 logger.exception("channel {} failed to deliver a reply", out.target.channel)
+                out.settle(ClawsupError(f"channel {out.target.channel} failed: {type(e).__name__}: {e}"))
 
 
 def _record(role: RecordRole, msg: InboundMessage, route: Route) -> dict[str, Any]:
@@ -470,6 +498,11 @@ def _record(role: RecordRole, msg: InboundMessage, route: Route) -> dict[str, An
     if src.thread_id:
         rec["threadId"] = src.thread_id
     return rec
+
+
+def _settle(msg: InboundMessage, outcome: TurnOutcome) -> None:
+    if msg.outcome is not None and not msg.outcome.done():
+        msg.outcome.set_result(outcome)
 
 
 def _fail(msg: InboundMessage, e: Exception) -> None:

@@ -39,6 +39,8 @@ class Owners:
         )
 
     def is_owner(self, msg: InboundMessage) -> bool:
+        if msg.owner is not None:  # the gateway's own message says (a cron run's)
+            return msg.owner
         channel = msg.reply_to.channel
         if channel in OWNER_CHANNELS:
             return True

@@ -61,9 +61,15 @@ class Conversations:
         q = self._open.get(out.target.conversation)
         if q is not None:
             q.put_nowait(out)
+            out.settle("delivered to the request that asked")
         elif not out.progress:
-            for w in self._watchers.get(who(out.target), ()):
+            watchers = self._watchers.get(who(out.target), ())
+            for w in watchers:
                 _put_dropping_oldest(w, out)
+            if watchers:
+                out.settle(f"delivered to {len(watchers)} watching client(s)")
+            else:
+                out.settle(ClawsupError(f"no client of {who(out.target)} was watching; the reply is kept in session {out.session_key}"))
 
     @contextlib.contextmanager
     def watching(self, key: str) -> Iterator[asyncio.Queue[OutboundMessage | None]]:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from clawsup.sandbox.manifest import format_validation_error
-from clawsup.supervisor.errors import OfferFailed
+from clawsup.supervisor.errors import ClawsupError, OfferFailed
 from clawsup.supervisor.messages.bus import InboundMessage, MessageBus, OutboundMessage, ReplyTarget
 from clawsup.supervisor.messages.routing import Peer, RouteInput, norm_account
 from clawsup.supervisor.names import owner_label
@@ -185,6 +185,8 @@ class PluginChannel:
             await sb.call_offer("channel", self.name, payload, sb.plan.offers.command_timeout_s)
         except OfferFailed as e:
             self._undeliverable(out, str(e), sb)
+        else:
+            out.settle(f"handed to plugin {sb.id}'s channel {self.name!r}")
 
     def _declaring(self) -> SupervisedSandbox | None:
         """The plugin whose manifest declares this channel (it is down, or refused
@@ -198,5 +200,6 @@ class PluginChannel:
         what = "a progress note" if out.progress else "a reply"
         said = f"channel {self.name!r}: {what} to {out.target.peer.kind}:{out.target.peer.id} in session {out.session_key} (in reply to {out.in_reply_to}) was not delivered ({why}); it is kept in the session"
         logger.warning("{}", said)
+        out.settle(ClawsupError(f"channel {self.name!r}: {why}"))
         if sb is not None:
             sb.log.event(said)
