@@ -340,3 +340,16 @@ def test_a_planted_heartbeat_symlink_is_not_followed(gateway_factory: Any, tmp_p
     sessions = gw.state / "sessions"
     assert not any("SECRET-7f3a" in p.read_text(errors="replace") for p in sessions.iterdir() if p.is_file())
     assert "heartbeat: HEARTBEAT.md is a symlink" in gw.supervisor_log()
+
+
+def test_a_job_bound_to_a_session_runs_its_turn_there_in_order(gateway_factory: Any) -> None:
+    gw = gateway_factory(make_config())
+    chat(gw, "remember: the password is swordfish")
+    job = add(gw, name="bound", every="1h", enabled=False, message="what did I ask you to remember?", session="agent:main:main")
+    cron(gw, "run", id=job["id"])
+    (run,) = wait_runs(gw, job["id"], 1)
+    assert run["status"] == "ok" and run["sessionKey"] == "agent:main:main", run
+    texts = [r["text"] for r in session(gw, "agent:main:main") if r["role"] == "user"]
+    assert texts == ["remember: the password is swordfish", "what did I ask you to remember?"]
+    r = gw.cli("cron", "add", "--name", "theirs", "--every", "1h", "--message", "m", "--session", "agent:other:main")
+    assert r.returncode == 1 and "session: 'agent:other:main' is not one of agent main's sessions" in r.stderr, r.stderr

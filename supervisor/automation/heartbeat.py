@@ -71,6 +71,8 @@ def read_tasks(workspace: Path) -> list[str]:
         dfd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
+    except OSError as e:  # a link, or not a folder: not where the agent's workspace should be
+        raise HeartbeatFileError(f"the workspace {workspace} is not a plain folder ({e.strerror})") from None
     try:
         try:
             fd = os.open(FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
