@@ -283,6 +283,13 @@ class HostClient:
                 ("grpc.initial_reconnect_backoff_ms", 50),
                 ("grpc.max_reconnect_backoff_ms", 500),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                # Every host is dialled as /proc/self/fd/N, and N is reused: the next
+                # incarnation's socket often gets the number of the last one's. From
+                # gRPC's global pool a new channel was then handed the dead one's
+                # subchannel, which kept failing with ENOENT, and every bring-up after
+                # a crash failed until the supervisor restarted (CI, the forger's
+                # crash test). A pool per channel shares nothing.
+                ("grpc.use_local_subchannel_pool", 1),
             ],
         )
         self._stub = pb_grpc.HostStub(self.channel)  # type: ignore[no-untyped-call]  # generated without stubs
