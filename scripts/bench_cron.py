@@ -1,6 +1,7 @@
 """Cron figures (issue 17), each against a baseline measured in the same run:
 
-  (r) drift: 1,000 jobs due in the same minute (one-off `at` jobs 60 ms apart), in a
+  (r) drift: 1,000 jobs due in the same minute (one-off `at` jobs 60 ms apart; then
+      1,000 due at the same instant, a burst), in a
       real gateway (`clawsup start`, offline model, automation.cron.maxConcurrentRuns
       as given). For each run, from its record: fired - due (the timer's lateness)
       and started - due (the turn has begun: a slot, the session's lane, the message
@@ -101,8 +102,8 @@ def config(slots: int) -> dict[str, Any]:
     return {"sessionStore": {"fsync": "never"}, "automation": {"cron": {"maxConcurrentRuns": slots}}, "agents": {"defaults": {"sandbox": {"scope": "session"}}}}
 
 
-def bench_drift(jobs: int, slots: int) -> dict[str, Any]:
-    bare = subprocess.run([sys.executable, "-c", BARE_TIMERS, str(jobs), str(SPACING_S), "2"], capture_output=True, text=True, check=True, timeout=600)
+def bench_drift(jobs: int, slots: int, spacing_s: float = SPACING_S) -> dict[str, Any]:
+    bare = subprocess.run([sys.executable, "-c", BARE_TIMERS, str(jobs), str(spacing_s), "2"], capture_output=True, text=True, check=True, timeout=600)
     baseline = json.loads(bare.stdout)
     state = Path(tempfile.mkdtemp(prefix="cs-bench-cron-", dir="/tmp"))
     gw = Gateway(config(slots), state)
@@ -111,12 +112,13 @@ def bench_drift(jobs: int, slots: int) -> dict[str, Any]:
         start = time.time() + LEAD_S + jobs * 0.01
         ids = []
         for i in range(jobs):
-            at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start + i * SPACING_S)) + f".{int(((start + i * SPACING_S) % 1) * 1e6):06d}Z"
+            due = start + i * spacing_s
+            at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(due)) + f".{int((due % 1) * 1e6):06d}Z"
             ids.append(gw.cron("add", job={"name": f"j{i}", "at": at, "message": "drift"})["job"]["id"])
         added_s = time.perf_counter() - t_add
         assert time.time() < start, f"adding {jobs} jobs took {added_s:.1f} s, past the first due time; raise LEAD_S"
         last = ids[-1]
-        gw.cron("wait", id=last, count=1, timeout=start + jobs * SPACING_S - time.time() + 600)
+        gw.cron("wait", id=last, count=1, timeout=start + jobs * spacing_s - time.time() + 600)
         fired, started, status = [], [], {}
         for jid in ids:
             (r,) = gw.cron("wait", id=jid, count=1, timeout=600)["runs"]
@@ -129,7 +131,7 @@ def bench_drift(jobs: int, slots: int) -> dict[str, Any]:
         if gw.proc.poll() is None:
             gw.proc.kill()
         shutil.rmtree(state, ignore_errors=True)
-    return {"fired": summary(fired), "started": summary(started), "baseline": summary(baseline), "statuses": status, "slots": slots, "add_s": added_s}
+    return {"fired": summary(fired), "started": summary(started), "baseline": summary(baseline), "statuses": status, "slots": slots, "add_s": added_s, "spacing_s": spacing_s}
 
 
 def idle_jobs_file(state: Path, n: int) -> None:
@@ -184,7 +186,8 @@ def bench_idle(n: int, seconds: float) -> dict[str, Any]:
 
 
 def print_drift(r: dict[str, Any]) -> None:
-    print(f"(r) drift, {r['fired']['n']} jobs due within one minute, maxConcurrentRuns {r['slots']}, ms after the due time")
+    how = f"{r['spacing_s'] * 1000:g} ms apart" if r["spacing_s"] else "all at the same instant"
+    print(f"(r) drift, {r['fired']['n']} jobs due {how}, maxConcurrentRuns {r['slots']}, ms after the due time")
     print(f"  {'':<44}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}")
     b = r["baseline"]
     for label, x in (("fired (the timer)", r["fired"]), ("started (the turn has begun)", r["started"]), ("bare asyncio call_at (baseline)", b)):
@@ -209,10 +212,12 @@ def main() -> None:
     a = ap.parse_args()
     drift = bench_drift(a.jobs, a.slots)
     print_drift(drift)
+    burst = bench_drift(a.jobs, a.slots, spacing_s=0.0)
+    print_drift(burst)
     idle = bench_idle(a.idle_jobs, a.idle_s)
     print_idle(idle)
     if a.out:
-        a.out.write_text(json.dumps({"r_drift_ms": drift, "s_idle_cpu": idle}, indent=2))
+        a.out.write_text(json.dumps({"r_drift_ms": drift, "r_burst_ms": burst, "s_idle_cpu": idle}, indent=2))
 
 
 if __name__ == "__main__":

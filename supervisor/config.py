@@ -712,8 +712,11 @@ class CronConfig(_Model):
     """Runs going at once across all jobs; a due run past it waits for a slot."""
     default_timeout_seconds: RunSeconds = 600.0
     """A run's limit when its job gives none."""
-    max_jobs: int = Field(default=10_000, ge=1, le=1_000_000)
-    runs_kept: int = Field(default=100, ge=1, le=10_000)
+    max_jobs: int = Field(default=10_000, ge=1, le=100_000)
+    max_jobs_per_agent: int = Field(default=50, ge=0, le=100_000)
+    """Jobs an agent may have that it added itself (the `cron` tool); the operator's
+    jobs do not count against it."""
+    runs_kept: int = Field(default=100, ge=1, le=1000)
     """Run records kept per job (older ones go when the record file is compacted)."""
 
 
@@ -731,6 +734,10 @@ class HeartbeatConfig(_Model):
     only recorded."""
     peer: str | None = None
     timeout_seconds: RunSeconds = 300.0
+    owner: bool = False
+    """Whether its turns speak for an owner (get owner-only tools, such as `cron`).
+    Off by default: HEARTBEAT.md is in the workspace, where anyone whose turns may
+    run commands there can write the tasks it carries out."""
 
     @model_validator(mode="after")
     def _checked(self) -> HeartbeatConfig:

@@ -408,3 +408,12 @@ def test_errors_name_their_field_and_say_what_to_do(call: Callable[[], object], 
     with pytest.raises(ScheduleError) as caught:
         call()
     assert str(caught.value).startswith(message)
+
+
+def test_an_at_time_past_ten_years_or_past_year_9999_is_refused() -> None:
+    """9999-12-31T23:59-14:00 is in year 10000 in UTC: once stored, `describe()` failed
+    for every `cron list`, after any restart too (the attack pass)."""
+    with pytest.raises(ScheduleError, match=r"^at: .* is more than 10 years ahead"):
+        make_schedule(at="9999-12-31T23:59:00-14:00", now=T0)
+    with pytest.raises(ScheduleError, match=r"^at: .* is not a time this gateway can keep"):
+        Schedule.from_json({"kind": "at", "at": 253_402_300_800.0 + 86_400, "tz": "UTC"})

@@ -56,6 +56,7 @@ def build_cron(
         Targets(agents=agents, channels=lambda: set(messaging.channels)),
         max_concurrent=a.cron.max_concurrent_runs,
         max_jobs=a.cron.max_jobs,
+        max_jobs_per_agent=a.cron.max_jobs_per_agent,
         system_jobs=system,
     )
     return scheduler, CronToolServer(scheduler)

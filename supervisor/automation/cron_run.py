@@ -110,7 +110,7 @@ class CronRuns:
                 rec.started_at = time.time()
                 done = await asyncio.shield(outcome)
         except TimeoutError:
-            await self._time_out(msg, outcome, key, timeout)
+            await self._time_out(msg, outcome, key, timeout, own_session=job.session is None)
             rec.status = "timed_out"
             rec.reason = f"did not finish within {timeout:g} s (timeoutSeconds); its turn was cancelled and what it ran was stopped"
             return
@@ -125,12 +125,15 @@ class CronRuns:
             return
         await self._settle(job, rec, msg, target, done, beat)
 
-    async def _time_out(self, msg: InboundMessage, outcome: asyncio.Future[TurnOutcome], key: str, timeout: float) -> None:
+    async def _time_out(self, msg: InboundMessage, outcome: asyncio.Future[TurnOutcome], key: str, timeout: float, own_session: bool) -> None:
         turns = self._turns()
         stopping = turns is not None and turns.cancel_turn(msg.id, f"because its cron run passed its timeout ({timeout:g} s)")
-        runs = await self._stop_session(key)
-        if runs:
-            logger.info("{}: stopped {} subagent run(s) of a timed-out cron run", key, runs)
+        if own_session:
+            # Its session is the run's alone, so its subagent runs are the run's. In a
+            # bound session they may be the session's user's: those are left alone.
+            runs = await self._stop_session(key)
+            if runs:
+                logger.info("{}: stopped {} subagent run(s) of a timed-out cron run", key, runs)
         if stopping:
             # The lanes settle the outcome once the turn's cancellation has gone
             # through its tool calls.

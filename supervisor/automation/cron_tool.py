@@ -65,7 +65,7 @@ class CronToolServer:
         if a.action == "add":
             if a.job is None:
                 raise BadToolArguments(CRON_TOOL, "job: required to add a job")
-            job = await self._cron.add(a.job, agent=agent, owner=owner, created_by=f"agent {agent} (session {session})")
+            job = await self._cron.add(a.job, agent=agent, owner=owner, created_by=f"agent {agent} (session {session})", session=session)
             return json.dumps({"added": job.to_json()})
         if a.id is None:
             raise BadToolArguments(CRON_TOOL, f"id: required to {a.action} a job")

@@ -56,7 +56,7 @@ def heartbeat_job(cfg: HeartbeatConfig, *, now: float) -> Job:
         timeout_s=cfg.timeout_seconds,
         overlap="skip",
         misfire="skip",
-        owner=True,
+        owner=cfg.owner,
         created_by="config (automation.heartbeat)",
         created_at=now,
         system=True,

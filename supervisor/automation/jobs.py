@@ -163,6 +163,9 @@ class RunRecord:
     """The reply's first line."""
     delivery: str = ""
     """What became of the reply: "delivered ...", "failed: ...", "silent"."""
+    times: int = 1
+    """For a skipped run: how many due times it stands for (an overlap skips every
+    time due while the run goes on; one record says so, not one per second)."""
 
     @property
     def duration_s(self) -> float | None:
@@ -185,6 +188,7 @@ class RunRecord:
             "tokensOut": self.tokens_out,
             "reply": self.reply,
             "delivery": self.delivery,
+            "times": self.times,
         }
 
     @classmethod
@@ -204,4 +208,5 @@ class RunRecord:
             tokens_out=int(d.get("tokensOut", 0)),
             reply=str(d.get("reply", "")),
             delivery=str(d.get("delivery", "")),
+            times=int(d.get("times", 1)),
         )

@@ -46,6 +46,8 @@ _DURATION = re.compile(r"(?:\d+(?:\.\d+)?\s*[wdhms]\s*)+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([wdhms])")
 MIN_PERIOD_S = 1.0
 MAX_PERIOD_S = 10 * 365.25 * 86_400  # ten years
+_LATEST_AT = 253_402_300_799.0
+"""9999-12-31T23:59:59Z, the last time `datetime` can print."""
 _DURATION_EXAMPLES = "(examples: 90s, 30m, 1h, 1h30m, 2d)"
 
 
@@ -417,6 +419,10 @@ class Schedule:
         if self.kind == "at":
             if self.at is None or not math.isfinite(self.at):
                 raise ScheduleError("at: an at schedule needs its time (epoch seconds)")
+            if not 0 <= self.at <= _LATEST_AT:
+                # Past year 9999 a time cannot even be printed (describe() would fail
+                # for every `cron list`, after any restart too).
+                raise ScheduleError(f"at: {self.at!r} is not a time this gateway can keep (1970 to 9999)")
         elif self.kind == "every":
             if self.every_s is None or not MIN_PERIOD_S <= self.every_s <= MAX_PERIOD_S:
                 raise ScheduleError(f"every: the period must be 1 s to 10 years, not {self.every_s!r}")
@@ -531,6 +537,8 @@ def _parse_at(text: str, place: ZoneInfo, now: float) -> float:
     instant = moment.timestamp()
     if instant <= now:
         raise ScheduleError(f"at: {moment.isoformat()} is in the past (now is {_iso_utc(now)}); give a future time")
+    if instant > now + MAX_PERIOD_S:
+        raise ScheduleError(f"at: {moment.isoformat()} is more than 10 years ahead; give a nearer time")
     return instant
 
 

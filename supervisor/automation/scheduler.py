@@ -45,6 +45,11 @@ from clawsup.supervisor.automation.schedule import ScheduleError
 from clawsup.supervisor.errors import ClawsupError
 
 MAX_SLEEP_S = 3600.0
+YIELD_EVERY = 64
+"""Runs fired between two yields to the loop: a pass over thousands of due jobs must
+not hold it (the control socket, the channels and every turn wait meanwhile)."""
+AGENT_MIN_EVERY_S = 60.0
+"""The shortest `every` of a job an agent adds; the operator's may be shorter."""
 
 
 class CronError(ClawsupError):
@@ -69,6 +74,7 @@ class WallClock:
     async def sleep_until(self, when: float | None, wake: asyncio.Event) -> None:
         delay = MAX_SLEEP_S if when is None else min(MAX_SLEEP_S, when - self.time())
         if delay <= 0:
+            await asyncio.sleep(0)  # due already: still, let the loop breathe
             return
         try:
             async with asyncio.timeout(delay):
@@ -102,6 +108,7 @@ class Scheduler:
         *,
         max_concurrent: int,
         max_jobs: int,
+        max_jobs_per_agent: int = 50,
         system_jobs: list[Job] | None = None,
         clock: Clock | None = None,
     ) -> None:
@@ -111,6 +118,7 @@ class Scheduler:
         self._clock: Clock = clock or WallClock()
         self._slots = asyncio.Semaphore(max_concurrent)
         self._max_jobs = max_jobs
+        self._max_per_agent = max_jobs_per_agent
         self._system = {j.id: j for j in system_jobs or ()}
         self.jobs: dict[str, Job] = {}
         self._runs: dict[str, deque[RunRecord]] = {}
@@ -120,6 +128,8 @@ class Scheduler:
         self._seq = itertools.count()
         self._running: dict[str, RunRecord] = {}
         self._queued: dict[str, tuple[float, Trigger]] = {}
+        self._skipping: dict[str, RunRecord] = {}
+        """Job id -> the record of the times skipped while its current run goes on."""
         self._wake = asyncio.Event()
         self._ended = asyncio.Event()
         """Set (and replaced) each time a run ends: `wait_runs` waits on it."""
@@ -188,9 +198,14 @@ class Scheduler:
                 self._arm_at(job, due)
 
     async def _timer(self) -> None:
+        fired = 0
         while True:
             now = self._clock.time()
             while self._heap and self._heap[0][0] <= now:
+                fired += 1
+                if fired % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+                    continue  # the heap may have changed meanwhile
                 due, _, jid = heapq.heappop(self._heap)
                 if self._next.get(jid) != due:
                     continue  # re-armed or removed since
@@ -230,14 +245,21 @@ class Scheduler:
     def _fire(self, job: Job, due: float, trigger: Trigger) -> RunRecord:
         running = self._running.get(job.id)
         if running is not None:
-            rec = self._new_record(job, due, trigger)
             if job.overlap == "queue" and job.id not in self._queued:
                 self._queued[job.id] = (due, trigger)
                 logger.info("cron job {} ({}): due while run {} goes on; queued", job.id, job.name, running.run_id)
+                rec = self._new_record(job, due, trigger)
                 rec.status, rec.reason = "running", f"queued behind run {running.run_id}"
                 return rec
+            skipping = self._skipping.get(job.id)
+            if skipping is not None:
+                # One record (and one log line) per run overrun, however many times
+                # were due meanwhile; it is written again, with the count, at the end.
+                skipping.times += 1
+                return skipping
+            rec = self._new_record(job, due, trigger)
             why = f"run {running.run_id} was still going" + (", and one run is already queued" if job.overlap == "queue" else "") + f" (overlap: {job.overlap})"
-            logger.info("cron job {} ({}): skipped: {}", job.id, job.name, why)
+            self._skipping[job.id] = rec
             self._end(rec, "skipped", why)
             return rec
         if self._tg is None:
@@ -267,6 +289,10 @@ class Scheduler:
             self._end(rec, rec.status, rec.reason)
             if self._running.get(job.id) is rec:
                 del self._running[job.id]
+            skipped = self._skipping.pop(job.id, None)
+            if skipped is not None and skipped.times > 1:
+                skipped.reason += f"; {skipped.times} due times in all"
+                self._keep(skipped)
             queued = self._queued.pop(job.id, None)
             if queued is not None and self._tg is not None and job.id in self.jobs:
                 self._fire(self.jobs[job.id], queued[0], "queued")
@@ -281,6 +307,8 @@ class Scheduler:
         self._ended = asyncio.Event()
 
     def _keep(self, rec: RunRecord) -> None:
+        if rec.job_id not in self.jobs:
+            return  # removed meanwhile: its records went with it
         q = self._runs.setdefault(rec.job_id, deque(maxlen=self._store.runs_kept))
         if not any(r is rec for r in q):
             q.append(rec)
@@ -310,8 +338,19 @@ class Scheduler:
             )
         return out
 
-    async def add(self, spec: JobSpec, *, agent: str | None, owner: bool, created_by: str) -> Job:
+    async def add(self, spec: JobSpec, *, agent: str | None, owner: bool, created_by: str, session: str | None = None) -> Job:
+        """`agent` and `session`: the agent's turn that adds it (the cron tool), held
+        to its own agent's jobs, to its own session as a binding, to
+        `maxJobsPerAgent` and to `AGENT_MIN_EVERY_S`; None for the operator."""
         target = (agent or spec.agent or "").strip().lower() or "main"
+        if spec.session is not None:
+            spec = spec.model_copy(update={"session": spec.session.strip().lower()})
+        if agent is not None:
+            if spec.session is not None and spec.session != (session or "").lower():
+                raise CronError(f"session: a job you add may run in this session ({session}) or in one of its own, not in {spec.session!r}")
+            mine = sum(j.agent == agent and j.created_by.startswith("agent ") for j in self.jobs.values())
+            if mine >= self._max_per_agent:
+                raise CronError(f"agent {agent} already has {mine} jobs it added (automation.cron.maxJobsPerAgent); remove one first")
         if spec.agent is not None and agent is not None and spec.agent.strip().lower() != agent:
             raise CronError(f"agent: a job you add is your own agent's ({agent}), not {spec.agent!r}")
         if target not in self._targets.agents:
@@ -328,6 +367,8 @@ class Scheduler:
             job = Job.from_spec(spec, agent=target, now=self._clock.time(), owner=owner, created_by=created_by)
         except ScheduleError as e:
             raise CronError(str(e)) from None
+        if agent is not None and job.schedule.every_s is not None and job.schedule.every_s < AGENT_MIN_EVERY_S:
+            raise CronError(f"every: at least {AGENT_MIN_EVERY_S:g} s for a job an agent adds (the operator's may be shorter)")
         await asyncio.to_thread(self._store.put, job)  # durable before it is acknowledged
         self.jobs[job.id] = job
         self._runs[job.id] = deque(maxlen=self._store.runs_kept)
@@ -351,6 +392,8 @@ class Scheduler:
         del self.jobs[job_id]
         self._next.pop(job_id, None)
         self._queued.pop(job_id, None)
+        self._skipping.pop(job_id, None)
+        self._runs.pop(job_id, None)
         logger.info("cron job {} ({}) removed", job.id, job.name)
         return job
 

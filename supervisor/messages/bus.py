@@ -107,7 +107,9 @@ class InboundMessage:
     when the turn ends and send nothing; the waiter delivers the reply."""
 
     def is_stop(self) -> bool:
-        return self.role == "user" and self.text.strip() == STOP_COMMAND
+        # A cron job's message is never a /stop: its text is the job's, not the
+        # session's user's, and must not cancel that user's turn.
+        return self.role == "user" and self.outcome is None and self.text.strip() == STOP_COMMAND
 
 
 @dataclass(frozen=True, kw_only=True)
