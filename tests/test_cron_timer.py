@@ -310,3 +310,76 @@ async def test_what_an_agent_may_add_is_held_to_its_share_its_session_and_a_minu
     # The operator's jobs are not the agent's share, and may be shorter.
     await s.add(spec("operator's", every="1s", agent="main"), agent=None, owner=True, created_by="operator")
     await down(stop, task)
+
+
+# -- from the review (each failed before its fix) ----------------------------------------
+
+
+async def test_a_disabled_job_does_not_run_what_it_had_queued(tmp_path: Path) -> None:
+    clock = VirtualClock(T0)
+    s, rec, stop, task = await up(tmp_path, clock)
+    q = await s.add(spec("q", every="1m", overlap="queue"), agent=None, owner=True, created_by="test")
+    rec.gates[q.id] = asyncio.Event()
+    await clock.advance(T0 + 60)
+    await clock.advance(T0 + 120)  # due while the first goes on: queued
+    await s.set_enabled(q.id, False)
+    rec.gates[q.id].set()
+    (done,) = await ended(s, q.id, 1)
+    assert done.status == "ok" and [t for _, _, _, t in rec.started] == ["schedule"]
+    await down(stop, task)
+
+
+async def test_time_spent_disabled_or_covered_by_a_misfire_run_is_not_a_misfire_at_the_next_start(tmp_path: Path) -> None:
+    clock = VirtualClock(T0)
+    s, rec, stop, task = await up(tmp_path, clock)
+    paused = await s.add(spec("paused", every="1h"), agent=None, owner=True, created_by="test")
+    down_long = await s.add(spec("down", every="10m"), agent=None, owner=True, created_by="test")
+    await clock.advance(T0 + 3600)
+    await ended(s, paused.id, 1)
+    await s.set_enabled(paused.id, False)
+    await s.set_enabled(down_long.id, False)
+    await clock.advance(T0 + 5 * 3600)
+    await s.set_enabled(paused.id, True)  # five hours disabled: not missed
+    await s.set_enabled(down_long.id, True)
+    await down(stop, task)
+    clock.t = T0 + 8 * 3600 + 30  # down for three hours: both missed times since re-enabling
+    s, rec, stop, task = await up(tmp_path, clock)
+    await ended(s, paused.id, 2)
+    await ended(s, down_long.id, 1)
+    await down(stop, task)
+    assert sorted(t for _, _, _, t in rec.started) == ["misfire", "misfire"]
+    clock.t += 10  # and restarted again at once: what that misfire run covered is not missed again
+    s, rec, stop, task = await up(tmp_path, clock)
+    await down(stop, task)
+    assert rec.started == [], rec.started
+
+
+async def test_concurrent_changes_of_one_job_do_not_bring_it_back(tmp_path: Path) -> None:
+    clock = VirtualClock(T0)
+    s, rec, stop, task = await up(tmp_path, clock)
+    j = await s.add(spec("j", every="1m"), agent=None, owner=True, created_by="test")
+    said = await asyncio.gather(s.remove(j.id), s.set_enabled(j.id, False), s.remove(j.id), return_exceptions=True)
+    assert said[0] is not None and all(isinstance(x, CronError) for x in said[1:]), said
+    assert j.id not in s.jobs
+    await down(stop, task)
+    s, rec, stop, task = await up(tmp_path, clock)
+    assert j.id not in s.jobs, "the store brought it back"
+    await down(stop, task)
+
+
+async def test_runs_are_compacted_once_per_growth_not_on_every_record(tmp_path: Path) -> None:
+    """10,000 jobs keep more records than the compaction floor: compaction must be
+    due when the file has grown by the bound since the last one, not at every record."""
+    store = JobStore(tmp_path, runs_kept=100)
+    store.load()
+    kept = [RunRecord(job_id=f"j{i % 5000}", run_id=f"r{i}", due=0.0, trigger="schedule", fired_at=0.0, status="ok") for i in range(10_300)]
+    compactions = 0
+    for r in kept:
+        store.record(r, kept)
+        if store._compaction is not None:
+            compactions += 1
+            await store._compaction
+    assert compactions == 1
+    for i in range(200):
+        store.record(RunRecord(job_id="j1", run_id=f"x{i}", due=0.0, trigger="schedule", fired_at=0.0, status="ok"), kept)
+        assert store._compaction is None, f"compacted again after {i + 1} more records"

@@ -11,8 +11,8 @@
 Appends, not rewrites, so that a change costs one short write whatever the number of
 jobs (10,000 armed jobs are a benchmark of this issue). Both files are compacted at
 load: jobs.jsonl to the jobs there are, runs.jsonl to the last `runs_kept` runs of
-each; runs.jsonl also while serving, in a worker thread, once it holds four times
-that. A line torn by a crash (a partial last line) or otherwise unreadable is named
+each; runs.jsonl also while serving, in a worker thread, once it has grown by four
+times that (at least 10,000 lines) since. A line torn by a crash (a partial last line) or otherwise unreadable is named
 in the log and skipped: the rest loads.
 
 Created by the gateway with the scheduler (supervisor/automation/scheduler.py), which
@@ -45,6 +45,9 @@ class JobStore:
         self.runs_path = root / "runs.jsonl"
         self.runs_kept = runs_kept
         self._run_lines = 0
+        self._kept_lines = 0
+        """Lines the last compaction left: the next one is due when the file has grown
+        by the bound since, not when it holds the bound (10,000 jobs keep more)."""
         self._held: list[str] | None = None
         """Run lines written while runs.jsonl is being compacted: appended after."""
         self._compaction: asyncio.Task[None] | None = None
@@ -89,7 +92,7 @@ class JobStore:
         _rewrite(self.jobs_path, (json.dumps({"op": "put", "job": j.to_json()}) for j in jobs.values()), sync=True)
         kept = [r for q in runs.values() for r in q]
         _rewrite(self.runs_path, (json.dumps(r.to_json()) for r in kept), sync=False)
-        self._run_lines = len(kept)
+        self._run_lines = self._kept_lines = len(kept)
         return jobs, runs
 
     # -- changes (blocking: run in a thread; durable when they return) -------------
@@ -116,7 +119,7 @@ class JobStore:
             logger.error("{}: cannot record run {} of job {}: {}", self.runs_path, run.run_id, run.job_id, e)
             return
         self._run_lines += 1
-        if self._run_lines > max(COMPACT_FLOOR, COMPACT_FACTOR * self.runs_kept) and self._compaction is None:
+        if self._run_lines > self._kept_lines + max(COMPACT_FLOOR, COMPACT_FACTOR * self.runs_kept) and self._compaction is None:
             self._held = []
             snapshot = list(everything)
             self._compaction = asyncio.get_running_loop().create_task(self._compact(snapshot), name="cron runs compaction")
@@ -124,7 +127,7 @@ class JobStore:
     async def _compact(self, snapshot: list[RunRecord]) -> None:
         try:
             await asyncio.to_thread(_rewrite, self.runs_path, (json.dumps(r.to_json()) for r in snapshot), sync=False)
-            self._run_lines = len(snapshot)
+            self._run_lines = self._kept_lines = len(snapshot)
         except OSError as e:
             logger.error("{}: cannot compact: {}", self.runs_path, e)
         finally:

@@ -70,6 +70,9 @@ class Job:
     created_at: float = field(default_factory=time.time)
     system: bool = False
     """The gateway's own (the heartbeat): from the config, not the store."""
+    enabled_at: float = 0.0
+    """When it was last enabled: what it would have run while disabled is not a
+    misfire at the next start."""
 
     @classmethod
     def from_spec(cls, spec: JobSpec, *, agent: str, now: float, owner: bool, created_by: str) -> Job:
@@ -93,8 +96,8 @@ class Job:
             created_at=now,
         )
 
-    def with_enabled(self, enabled: bool) -> Job:
-        return replace(self, enabled=enabled)
+    def with_enabled(self, enabled: bool, now: float) -> Job:
+        return replace(self, enabled=enabled, enabled_at=now if enabled else self.enabled_at)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +117,7 @@ class Job:
             "createdBy": self.created_by,
             "createdAt": self.created_at,
             "system": self.system,
+            "enabledAt": self.enabled_at,
         }
 
     @classmethod
@@ -136,6 +140,7 @@ class Job:
             created_by=str(d.get("createdBy", "operator")),
             created_at=float(d.get("createdAt", 0.0)),
             system=bool(d.get("system", False)),
+            enabled_at=float(d.get("enabledAt", 0.0)),
         )
 
 

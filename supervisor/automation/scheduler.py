@@ -135,6 +135,10 @@ class Scheduler:
         """Set (and replaced) each time a run ends: `wait_runs` waits on it."""
         self._tg: asyncio.TaskGroup | None = None
         self._run_tasks: set[asyncio.Task[None]] = set()
+        self._changing = asyncio.Lock()
+        """Held by each change of a job (add, remove, enable, disable, the store write
+        of an `at` job done), across its store write: two changes of one job never
+        interleave, in memory or on disk."""
         self.loaded = asyncio.Event()
         self.wakeups = 0
         """Times the timer woke (for tests: no polling)."""
@@ -145,17 +149,21 @@ class Scheduler:
         # Reading the files and working out each job's next time (some 25 µs each,
         # a quarter of a second for 10,000 jobs) happen in a thread, off the loop.
         due = await asyncio.to_thread(self._load)
+        timer: asyncio.Task[None] | None = None
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
-                self._recover(due)
-                self.loaded.set()
-                timer = tg.create_task(self._timer(), name="cron timer")
-                await stop.wait()
-                self._tg = None
-                timer.cancel()
-                for t in tuple(self._run_tasks):
-                    t.cancel()
+                try:
+                    self._recover(due)
+                    self.loaded.set()
+                    timer = tg.create_task(self._timer(), name="cron timer")
+                    await stop.wait()
+                finally:
+                    # Stopped, or cancelled with the gateway's group: either way no
+                    # run starts from here on (a queued one at a run's end included).
+                    self._tg = None
+                    for t in (*self._run_tasks, *([timer] if timer is not None else [])):
+                        t.cancel()
         finally:
             await self._store.aclose()
 
@@ -169,7 +177,11 @@ class Scheduler:
         for job in self.jobs.values():
             self._runs.setdefault(job.id, deque(maxlen=self._store.runs_kept))
             if job.enabled:
-                ref = max((r.due for r in self._runs[job.id] if r.trigger != "manual"), default=job.created_at)
+                # What the last record covers: a run's due time, or for a misfire
+                # record the time it was made (it stood for everything missed until
+                # then); and nothing before the job was last enabled.
+                covered = (r.fired_at if r.trigger == "misfire" else r.due for r in self._runs[job.id] if r.trigger != "manual")
+                ref = max(max(covered, default=job.created_at), job.enabled_at)
                 due[job.id] = job.schedule.next_after(ref)
         return due
 
@@ -231,7 +243,7 @@ class Scheduler:
             self._next.pop(job.id, None)
             if job.schedule.kind == "at" and job.enabled and not job.system:
                 # Done: kept (its runs stay listed), disabled, durably.
-                self.jobs[job.id] = done = job.with_enabled(False)
+                self.jobs[job.id] = done = job.with_enabled(False, self._clock.time())
                 self._persist(done)
             return
         self._next[job.id] = due
@@ -294,8 +306,9 @@ class Scheduler:
                 skipped.reason += f"; {skipped.times} due times in all"
                 self._keep(skipped)
             queued = self._queued.pop(job.id, None)
-            if queued is not None and self._tg is not None and job.id in self.jobs:
-                self._fire(self.jobs[job.id], queued[0], "queued")
+            now_job = self.jobs.get(job.id)
+            if queued is not None and self._tg is not None and now_job is not None and (now_job.enabled or queued[1] == "manual"):
+                self._fire(now_job, queued[0], "queued")
 
     def _end(self, rec: RunRecord, status: Any, reason: str) -> None:
         rec.status, rec.reason = status, reason
@@ -316,7 +329,18 @@ class Scheduler:
 
     def _persist(self, job: Job) -> None:
         if self._tg is not None:
-            self._tg.create_task(asyncio.to_thread(self._store.put, job), name=f"cron store {job.id}")
+            self._tg.create_task(self._put(job), name=f"cron store {job.id}")
+
+    async def _put(self, job: Job) -> None:
+        """A change the scheduler made itself (an `at` job done). A disk that fails
+        costs the change on disk, said in the log, never the scheduler."""
+        async with self._changing:
+            if self.jobs.get(job.id) is not job:
+                return  # changed or removed meanwhile: that change is the one kept
+            try:
+                await asyncio.to_thread(self._store.put, job)
+            except OSError as e:
+                logger.error("cron job {} ({}): cannot record that it is done: {}", job.id, job.name, e)
 
     # -- what the CLI and the cron tool do -------------------------------------------
 
@@ -369,7 +393,8 @@ class Scheduler:
             raise CronError(str(e)) from None
         if agent is not None and job.schedule.every_s is not None and job.schedule.every_s < AGENT_MIN_EVERY_S:
             raise CronError(f"every: at least {AGENT_MIN_EVERY_S:g} s for a job an agent adds (the operator's may be shorter)")
-        await asyncio.to_thread(self._store.put, job)  # durable before it is acknowledged
+        async with self._changing:
+            await asyncio.to_thread(self._store.put, job)  # durable before it is acknowledged
         self.jobs[job.id] = job
         self._runs[job.id] = deque(maxlen=self._store.runs_kept)
         if job.enabled:
@@ -385,6 +410,10 @@ class Scheduler:
         return job
 
     async def remove(self, job_id: str, *, agent: str | None = None) -> Job:
+        async with self._changing:
+            return await self._remove(job_id, agent)
+
+    async def _remove(self, job_id: str, agent: str | None) -> Job:
         job = self._own(job_id, agent)
         if job.system:
             raise CronError(f"{job_id} is a system job, from the config (automation.heartbeat); change it there")
@@ -398,17 +427,23 @@ class Scheduler:
         return job
 
     async def set_enabled(self, job_id: str, enabled: bool, *, agent: str | None = None) -> Job:
+        async with self._changing:
+            return await self._set_enabled(job_id, enabled, agent)
+
+    async def _set_enabled(self, job_id: str, enabled: bool, agent: str | None) -> Job:
         job = self._own(job_id, agent)
         if job.system:
             raise CronError(f"{job_id} is a system job, from the config (automation.heartbeat); change it there")
-        changed = job.with_enabled(enabled)
+        changed = job.with_enabled(enabled, self._clock.time())
         await asyncio.to_thread(self._store.put, changed)
         self.jobs[job_id] = changed
         if enabled:
-            # From now: what it would have run while disabled is not a misfire.
-            self._arm(changed, after=self._clock.time())
+            # From now: what it would have run while disabled is not a misfire
+            # (`enabled_at` says so after a restart too).
+            self._arm(changed, after=changed.enabled_at)
         else:
             self._next.pop(job_id, None)
+            self._queued.pop(job_id, None)
         return changed
 
     def run_now(self, job_id: str, *, agent: str | None = None) -> RunRecord:
