@@ -113,3 +113,13 @@ def test_group_mcp_is_known_with_no_server() -> None:
     d = decide({"allow": ["read", "group:mcp", "group:mcp:time"]}, None, Caller(agent="main", owner=True), AVAILABLE)
     assert d.tools == ("read",)
     assert d.warnings == ("global allow: unknown group 'group:mcp:time'",)
+
+
+def test_a_cron_run_is_denied_the_automation_tools_even_as_an_owner() -> None:
+    """A job's run may not add jobs (they would multiply): the policy's `cron run`
+    layer, so that `clawsup tools explain --channel cron` says so too."""
+    available = {"cron": "core", "exec": "core"}
+    d = decide({}, None, Caller(agent="main", channel="cron", owner=True), available)
+    assert d.tools == ("exec",) and d.removed == {"cron": "cron run"}
+    other = decide({}, None, Caller(agent="main", channel="cli", owner=True), available)
+    assert other.tools == ("cron", "exec")

@@ -27,7 +27,7 @@ import json
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from loguru import logger
@@ -39,10 +39,9 @@ from clawsup.supervisor.agents.models import Models
 from clawsup.supervisor.agents.providers import Provider, ProviderError, TurnContext, Usage, tool_specs
 from clawsup.supervisor.agents.runs import Origin
 from clawsup.supervisor.agents.spawn_tools import SPAWN_TOOLS, SpawnTools
-from clawsup.supervisor.automation.cron_run import CHANNEL as CRON_CHANNEL
 from clawsup.supervisor.automation.cron_tool import CRON_TOOL, CronTool
 from clawsup.supervisor.agents.tool_dispatch import ToolDispatch
-from clawsup.supervisor.agents.tool_policy import CORE_GROUPS, Caller, Decision, decide
+from clawsup.supervisor.agents.tool_policy import Caller, Decision, decide
 from clawsup.supervisor.config import ClawsupConfig
 from clawsup.supervisor.errors import ClawsupError
 from clawsup.supervisor.messages.bus import InboundMessage
@@ -134,15 +133,7 @@ class AgentLoop:
         agent = self._agents.get(route.agent_id)
         caller = self.caller_of(route, message)
         available = {r.name: r.owner for r in self._tools.registry.tools()}
-        decision = decide(self._policy, agent.tools if agent else None, caller, available)
-        if caller.channel == CRON_CHANNEL:
-            # A job's run may not schedule jobs: one tool call would otherwise add a
-            # job whose every run adds another (it multiplies to the gateway's cap).
-            gone = set(decision.tools) & set(CORE_GROUPS["group:automation"])
-            if gone:
-                removed = {**decision.removed, **{t: "cron run" for t in gone}}
-                decision = replace(decision, tools=tuple(t for t in decision.tools if t not in gone), removed=removed)
-        return decision
+        return decide(self._policy, agent.tools if agent else None, caller, available)
 
     async def turn(self, route: Route, message: InboundMessage, progress: Progress) -> Answer:
         """The reply, with the turn's tokens for the session: `usage` on each record

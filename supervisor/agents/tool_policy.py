@@ -11,6 +11,8 @@ Layers, in order; each can only narrow the set left by the ones before:
    8. sender               tools.bySender."<channel>:<senderId>"
    9. sandbox              tools.sandbox.tools.allow / deny
   10. subagent             tools.subagents.tools.allow / deny (subagent turns only)
+  11. cron run             group:automation denied to turns from the `cron` channel
+                           (a job's run may not add jobs: they would multiply)
 In each: deny beats allow; an empty allow means no restriction; `alsoAllow` adds to
 that layer's allow list; `*` globs work; `group:*` names expand first (the core
 groups; `group:plugins`, every tool not core's, MCP servers' included;
@@ -41,6 +43,8 @@ CORE_GROUPS: dict[str, tuple[str, ...]] = {
     "group:messaging": ("message",),
     "group:automation": ("cron", "gateway"),
 }
+CRON_CHANNEL = "cron"
+"""The channel a cron job's turn comes from (supervisor/automation/cron_run.py)."""
 PROFILES: dict[str, tuple[str, ...] | None] = {
     "minimal": ("session_status",),
     "coding": ("group:fs", "group:runtime", "group:sessions"),
@@ -155,6 +159,8 @@ def decide(config_tools: Mapping[str, Any], agent_tools: Mapping[str, Any] | Non
     if caller.subagent:
         sa = _get(cfg, "subagents", "tools", default={})
         layers.append(_Layer("subagent", list(sa.get("allow", [])), list(sa.get("deny", []))))
+    if caller.channel == CRON_CHANNEL:
+        layers.append(_Layer("cron run", deny=["group:automation"]))
 
     current = set(names)
     removed: dict[str, str] = {}

@@ -27,13 +27,15 @@ from typing import Protocol
 
 from loguru import logger
 
+from clawsup.supervisor.agents.tool_policy import CRON_CHANNEL
 from clawsup.supervisor.automation import heartbeat
 from clawsup.supervisor.automation.jobs import HEARTBEAT_ID, Job, RunRecord
 from clawsup.supervisor.messages.bus import InboundMessage, OutboundMessage, ReplyTarget, TurnOutcome
 from clawsup.supervisor.messages.routing import DEFAULT_ACCOUNT, Peer, Route, RouteInput
 
-CHANNEL = "cron"
-"""The channel a cron turn comes from, for the tool policy (`tools.byChannel.cron`)."""
+CHANNEL = CRON_CHANNEL
+"""The channel a cron turn comes from, for the tool policy (`tools.byChannel.cron`,
+and its `cron run` layer)."""
 WIND_DOWN_S = 10.0
 """After a timeout: for the cancelled turn to end (its tool calls to be cancelled)."""
 DELIVERY_WAIT_S = 30.0
